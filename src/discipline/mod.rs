@@ -1,0 +1,1 @@
+//! The discipline core: safe Rust, no FFI types.

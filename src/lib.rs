@@ -1,0 +1,19 @@
+//! sqdisc: a managed send queue for RDMA verbs.
+//!
+//! A ULP hands its `ibv_send_wr`s to a [`Queue`] instead of calling `ibv_post_send`. The queue keeps the four
+//! rules of send-queue discipline by construction: SQ and CQ credits, periodic (moderated) signaling, stable
+//! resources until a completion proves the HCA is done (announced by one ordered release per WR), and
+//! deferred actions that run only once a completion covers every earlier WR.
+//!
+//! Layers: [`discipline`] is the safe, FFI-free state machine; [`verbs`] is the only code that touches verbs
+//! objects (through the `struct ibv_context` ops table); [`Cq`] and [`Queue`] join the two into the public Rust
+//! API; `capi` is the C ABI, a thin client of that API. [`scripted`] is a scripted verbs device for tests.
+
+pub mod discipline;
+pub mod error;
+pub mod scripted;
+pub mod verbs;
+
+mod capi;
+
+pub use error::{Error, Result};

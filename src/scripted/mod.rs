@@ -1,0 +1,1 @@
+//! A scripted verbs device for tests.
