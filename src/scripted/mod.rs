@@ -1,1 +1,490 @@
 //! A scripted verbs device for tests.
+//!
+//! [`ScriptedDevice`] owns a real `struct ibv_context` whose ops table (`post_send`, `post_recv`, `poll_cq`,
+//! `req_notify_cq`) points into a model, plus a `struct ibv_pd`, and makes real `struct ibv_cq` and
+//! `struct ibv_qp` objects. Unmodified verbs code (libibverbs' inline `ibv_post_send`, `ibv_poll_cq`, ... which
+//! call through `qp->context->ops`) and the library itself drive it exactly as they would drive a provider.
+//! Nothing executes by itself: the test scripts what the "HCA" does next ([`ScriptedDevice::complete`],
+//! [`ScriptedDevice::fail`], [`ScriptedDevice::set_error`], [`ScriptedDevice::deliver`]) and then inspects the
+//! result ([`ScriptedDevice::qp_stats`], [`ScriptedDevice::cq_stats`], [`ScriptedDevice::wqe`], the violation
+//! log).
+//!
+//! Model rules (those of the hardware the library must be correct on):
+//!
+//! - **SQ slots follow mlx5**: a send WQE holds its slot from post until a CQE at or after it on that SQ is
+//!   *polled*. Executing a WQE or generating its CQE frees nothing; unsignaled WQEs are freed only by a later
+//!   signaled one's polled CQE, so a ULP that never signals fills the SQ for good. Posting into a full SQ
+//!   returns `ENOMEM` with `*bad_wr` at the first WR not taken (the earlier WRs of the chain stay posted) and is
+//!   logged as a violation "SQ overflow".
+//! - WRs are checked against the QP's caps: `num_sge > max_send_sge`, inline data beyond `max_inline_data`, a
+//!   NULL `sg_list` or an opcode an RC QP cannot post: `EINVAL` and a violation.
+//! - **Errors**: a failed WQE completes with its error status whether signaled or not; the QP moves to the
+//!   error state and every later send WQE, then every posted receive, flushes with its own
+//!   `IBV_WC_WR_FLUSH_ERR` CQE, in order. A WR posted to a QP in the error state is accepted and flushed at once.
+//!   On error and flush CQEs only `wr_id`, `status`, `qp_num` and `vendor_err` are meaningful; `opcode` and
+//!   `byte_len` hold `0xffffffff` to catch users who read them.
+//! - **CQs** are FIFOs of capacity `cqe`. A CQE pushed into a full CQ is lost, the CQ is marked in error and the
+//!   overrun is logged as a violation "CQ overrun". A CQ may be shared by any QPs and by both sides of one QP.
+//! - Receives hold a slot (up to `max_recv_wr`) until their CQE is polled; beyond: `ENOMEM` and "RQ overflow".
+//!
+//! Granted sizes are exactly the requested ones (`cq->cqe` = the `cqe` asked for; caps as given). The device
+//! keeps every send WQE ever posted for inspection, so it is meant for tests, not long benchmarks.
+//!
+//! The scripting and inspection surface is the [`Scriptable`] trait, so that tests written against it can later
+//! run unchanged on a fuller device model. The C functions are in the library's C API (`sqd_scripted_*`).
+//!
+//! Threading: a device and its objects are used by one thread at a time (`ScriptedDevice` is neither `Send`
+//! nor `Sync`). The ops callbacks never call back into user code, so the model's `RefCell` is never borrowed
+//! re-entrantly.
+
+mod model;
+mod ops;
+
+use std::cell::RefCell;
+use std::marker::PhantomPinned;
+use std::pin::Pin;
+
+use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
+
+use crate::{Error, Result};
+use model::Model;
+
+/// The capabilities of a scripted QP (granted exactly as requested).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScriptedQpCaps {
+    /// Send queue depth: 1..=32768.
+    pub max_send_wr: u32,
+    /// Receive queue depth: 1..=32768.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR: 1..=64.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR: 1..=64.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send WR: 0..=4096.
+    pub max_inline_data: u32,
+}
+
+impl ScriptedQpCaps {
+    /// Caps with the given queue depths, 4 SGEs per WR and 64 bytes of inline data.
+    pub const fn with_depths(max_send_wr: u32, max_recv_wr: u32) -> ScriptedQpCaps {
+        ScriptedQpCaps { max_send_wr, max_recv_wr, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 }
+    }
+}
+
+/// Counters and state of one scripted QP.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScriptedQpStats {
+    /// `post_send` calls that posted at least one WQE.
+    pub doorbells: u64,
+    /// Send WQEs accepted (including WQEs posted while in error, which flush at once).
+    pub wqes_posted: u64,
+    /// Accepted send WQEs with `IBV_SEND_SIGNALED`.
+    pub signaled_wqes: u64,
+    /// Send slots held now: posted, and no CQE at or after them polled yet.
+    pub outstanding: u64,
+    /// The largest `outstanding` ever reached.
+    pub max_outstanding: u64,
+    /// Send WQEs executed by `complete` or `fail` (not flushed ones).
+    pub executed: u64,
+    /// CQEs generated for this QP, send and receive, including CQEs lost to a CQ overrun.
+    pub cqes_generated: u64,
+    /// `IBV_WC_WR_FLUSH_ERR` CQEs generated for this QP (send and receive).
+    pub flushed: u64,
+    /// Receive WRs accepted.
+    pub recv_posted: u64,
+    /// Receive slots held now: posted, and their CQE not polled yet.
+    pub recv_outstanding: u64,
+    /// Violations recorded against this QP.
+    pub violations: u64,
+    /// The QP is in the error state.
+    pub in_error: bool,
+}
+
+/// Counters and state of one scripted CQ.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScriptedCqStats {
+    /// CQEs the CQ holds (its `cqe`).
+    pub capacity: u64,
+    /// CQEs queued now, not yet polled.
+    pub queued: u64,
+    /// The largest `queued` ever reached.
+    pub max_queued: u64,
+    /// CQEs lost because the CQ was full.
+    pub overruns: u64,
+    /// The CQ overran (a real CQ would now be unusable).
+    pub in_error: bool,
+    /// `req_notify_cq` calls.
+    pub arms: u64,
+}
+
+/// A copy of one send WQE as posted, with its fate so far.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScriptedWqe {
+    pub wr_id: u64,
+    /// `enum ibv_wr_opcode` value.
+    pub opcode: u32,
+    /// `enum ibv_send_flags` bits.
+    pub send_flags: u32,
+    pub num_sge: i32,
+    /// Length of the first SGE (0 when there is none).
+    pub first_sge_length: u32,
+    /// Address of the first SGE (0 when there is none).
+    pub first_sge_addr: u64,
+    /// Sum of the lengths of all SGEs.
+    pub total_length: u64,
+    /// lkey of the first SGE (0 when there is none).
+    pub first_sge_lkey: u32,
+    /// The WR's `imm_data` (network byte order) or `invalidate_rkey`: the same field.
+    pub imm_data: u32,
+    /// `wr.rdma.remote_addr`, or `wr.atomic.remote_addr` for atomics.
+    pub remote_addr: u64,
+    /// `wr.rdma.rkey`, or `wr.atomic.rkey` for atomics.
+    pub rkey: u32,
+    /// Completion status once `executed` or `flushed` (`enum ibv_wc_status`), else 0.
+    pub status: u32,
+    /// `wr.atomic.compare_add` for atomics, else 0.
+    pub compare_add: u64,
+    /// `wr.atomic.swap` for atomics, else 0.
+    pub swap: u64,
+    /// Posted with `IBV_SEND_SIGNALED`.
+    pub signaled: bool,
+    /// Executed (successfully, or failed by `fail`).
+    pub executed: bool,
+    /// Flushed with `IBV_WC_WR_FLUSH_ERR`.
+    pub flushed: bool,
+}
+
+/// The scripting and inspection surface of a test device. Tests written against this trait can run on any
+/// device model that implements it.
+///
+/// QP and CQ arguments are pointers the device made; a pointer the device does not know is an `EINVAL` error,
+/// never dereferenced.
+pub trait Scriptable {
+    /// The device's `struct ibv_context` (its ops table reaches the model).
+    fn context(&self) -> *mut ibv_context;
+    /// The device's protection domain.
+    fn pd(&self) -> *mut ibv_pd;
+    /// Makes a CQ holding `cqe` CQEs (1..=4194304).
+    fn create_cq(&self, cqe: i32) -> Result<*mut ibv_cq>;
+    /// Makes an RC QP in the RTS state on CQs of this device.
+    fn create_qp(&self, send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, caps: &ScriptedQpCaps) -> Result<*mut ibv_qp>;
+    /// Destroys a QP; its CQEs not yet polled are removed from its CQs.
+    fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()>;
+    /// Destroys a CQ; `EBUSY` while a QP uses it.
+    fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()>;
+    /// The next `n` send WQEs not yet executed execute successfully, in order; signaled ones push a success
+    /// CQE. Returns how many executed (fewer than `n` if fewer were waiting).
+    fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize>;
+    /// The next send WQE not yet executed fails with `status` (an error CQE, signaled or not); the QP moves to
+    /// the error state and every later send WQE, then every posted receive, flushes. `ENOENT` if no send WQE
+    /// is waiting; `EINVAL` for `IBV_WC_SUCCESS`.
+    fn fail(&self, qp: *mut ibv_qp, status: u32, vendor_err: u32) -> Result<()>;
+    /// Moves the QP to the error state (as `ibv_modify_qp` to ERR): every send WQE not yet executed, then every
+    /// posted receive, flushes with its own CQE.
+    fn set_error(&self, qp: *mut ibv_qp) -> Result<()>;
+    /// The oldest posted receive completes with `IBV_WC_RECV` and `byte_len`; with `imm` (network byte order)
+    /// the CQE has `IBV_WC_WITH_IMM`. `ENOENT` if no receive is posted.
+    fn deliver(&self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()>;
+    fn qp_stats(&self, qp: *mut ibv_qp) -> Result<ScriptedQpStats>;
+    fn qp_caps(&self, qp: *mut ibv_qp) -> Result<ScriptedQpCaps>;
+    fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats>;
+    /// The `index`-th send WQE ever posted on `qp` (0 = first); `ENOENT` beyond the last.
+    fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe>;
+    /// Every violation recorded on the device so far, oldest first.
+    fn violations(&self) -> Vec<String>;
+}
+
+/// Identifies a context as one of ours (checked after `abi_compat` matches).
+const CONTEXT_MAGIC: u64 = 0x7371_645f_7363_7270; // "sqd_scrp"
+
+/// A static whose (unique) address a scripted context stores in `abi_compat`. Providers built on libibverbs'
+/// extended context store a different value there, so extended verbs report "not supported" on this device,
+/// which is true: it only has the four data-path ops.
+static SENTINEL: u8 = 0;
+
+fn sentinel() -> *const std::ffi::c_void {
+    std::ptr::addr_of!(SENTINEL).cast()
+}
+
+/// The device's `ibv_context` and a way back to the device. `ctx` is the first field of a `repr(C)` struct, so
+/// a `*mut ibv_context` handed out is also a pointer to this struct.
+#[repr(C)]
+struct ContextObj {
+    ctx: ibv_context,
+    magic: u64,
+    device: *const ScriptedDevice,
+}
+
+/// A scripted verbs device: a real `ibv_context` and `ibv_pd`, and the CQs and QPs made on it.
+///
+/// Made pinned ([`ScriptedDevice::new`]) because the context's ops callbacks find the device through a pointer
+/// to it. Dropping it frees every object it made. See the [module documentation](self) for the model.
+pub struct ScriptedDevice {
+    ctx: *mut ContextObj,
+    pd: *mut ibv_pd,
+    ibdev: *mut ibv_device,
+    model: RefCell<Model>,
+    _pinned: PhantomPinned,
+}
+
+impl ScriptedDevice {
+    /// A new device with no CQs or QPs.
+    pub fn new() -> Pin<Box<ScriptedDevice>> {
+        // SAFETY: `ibv_device` is plain data (integers, char arrays, nullable fn pointers): zero is valid.
+        let mut ibdev: Box<ibv_device> = Box::new(unsafe { std::mem::zeroed() });
+        for (dst, src) in ibdev.name.iter_mut().zip(b"sqd_scripted0".iter()) {
+            *dst = *src as std::ffi::c_char;
+        }
+        ibdev.node_type = rdma_sys::ibv_node_type::IBV_NODE_CA;
+        ibdev.transport_type = rdma_sys::ibv_transport_type::IBV_TRANSPORT_IB;
+        let ibdev = Box::into_raw(ibdev);
+
+        // SAFETY: `ibv_context` is plain data (pointers, ints, nullable fn pointers, a pthread mutex whose
+        // all-zero pattern is the static initializer on Linux): zero is valid.
+        let mut ctx: ibv_context = unsafe { std::mem::zeroed() };
+        ctx.device = ibdev;
+        ctx.cmd_fd = -1;
+        ctx.async_fd = -1;
+        ctx.num_comp_vectors = 1;
+        ctx.ops.post_send = Some(ops::post_send);
+        ctx.ops.post_recv = Some(ops::post_recv);
+        ctx.ops.poll_cq = Some(ops::poll_cq);
+        ctx.ops.req_notify_cq = Some(ops::req_notify_cq);
+        ctx.abi_compat = sentinel().cast_mut();
+        let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
+        let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
+
+        let device = Box::pin(ScriptedDevice { ctx, pd, ibdev, model: RefCell::new(Model::new()), _pinned: PhantomPinned });
+        // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
+        // The device is pinned, so the address stored stays valid until the device is dropped.
+        unsafe { (*ctx).device = &*device };
+        device
+    }
+
+    /// The device that owns `ctx`, if `ctx` is a scripted device's context.
+    ///
+    /// # Safety
+    /// `ctx` is NULL or points to a live `struct ibv_context`; when it is a scripted device's, that device
+    /// outlives `'a`.
+    pub unsafe fn from_context<'a>(ctx: *mut ibv_context) -> Option<&'a ScriptedDevice> {
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: the caller promises `ctx` points to a live context. Only `abi_compat` is read before the
+        // context is known to be ours, and it lies inside every `struct ibv_context`.
+        let ours = std::ptr::eq(unsafe { (*ctx).abi_compat }.cast_const(), sentinel());
+        if !ours {
+            return None;
+        }
+        let obj = ctx.cast::<ContextObj>();
+        // SAFETY: `abi_compat` is our sentinel, so `ctx` is the first field of a `ContextObj` made by `new`.
+        let (magic, device) = unsafe { ((*obj).magic, (*obj).device) };
+        if magic != CONTEXT_MAGIC || device.is_null() {
+            return None;
+        }
+        // SAFETY: `device` was set by `new` to the pinned device, alive for `'a` as the caller promises.
+        Some(unsafe { &*device })
+    }
+
+    /// The device that owns `qp`.
+    ///
+    /// # Safety
+    /// `qp` is NULL or points to a live `struct ibv_qp` whose context is alive; a scripted device owning it
+    /// outlives `'a`.
+    pub unsafe fn from_qp<'a>(qp: *mut ibv_qp) -> Result<&'a ScriptedDevice> {
+        if qp.is_null() {
+            return Err(Error::invalid("qp is NULL"));
+        }
+        // SAFETY: as the caller promises.
+        let device = unsafe { Self::from_context((*qp).context) }
+            .ok_or_else(|| Error::invalid(format!("qp {qp:p} does not belong to a scripted device")))?;
+        if !device.model.borrow().owns_qp(qp) {
+            return Err(Error::invalid(format!("qp {qp:p} is not a live QP of its scripted device")));
+        }
+        Ok(device)
+    }
+
+    /// The device that owns `cq`.
+    ///
+    /// # Safety
+    /// As [`ScriptedDevice::from_qp`], for a `struct ibv_cq`.
+    pub unsafe fn from_cq<'a>(cq: *mut ibv_cq) -> Result<&'a ScriptedDevice> {
+        if cq.is_null() {
+            return Err(Error::invalid("cq is NULL"));
+        }
+        // SAFETY: as the caller promises.
+        let device = unsafe { Self::from_context((*cq).context) }
+            .ok_or_else(|| Error::invalid(format!("cq {cq:p} does not belong to a scripted device")))?;
+        if !device.model.borrow().owns_cq(cq) {
+            return Err(Error::invalid(format!("cq {cq:p} is not a live CQ of its scripted device")));
+        }
+        Ok(device)
+    }
+
+    pub(crate) fn model(&self) -> &RefCell<Model> {
+        &self.model
+    }
+
+    /// The device's `struct ibv_context`.
+    pub fn context(&self) -> *mut ibv_context {
+        self.ctx.cast()
+    }
+
+    /// The device's protection domain.
+    pub fn pd(&self) -> *mut ibv_pd {
+        self.pd
+    }
+
+    /// Makes a CQ holding `cqe` CQEs (1..=4194304); `cq->cqe` is `cqe`.
+    pub fn create_cq(&self, cqe: i32) -> Result<*mut ibv_cq> {
+        if !(1..=model::MAX_CQE).contains(&cqe) {
+            return Err(Error::invalid(format!("cqe = {cqe} is out of range (1..={})", model::MAX_CQE)));
+        }
+        // SAFETY: `ibv_cq` is plain data (pointers, ints, zero-initializable pthread objects): zero is valid.
+        let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+        cq.context = self.context();
+        cq.cqe = cqe;
+        let cq = Box::into_raw(cq);
+        self.model.borrow_mut().add_cq(cq, cqe as usize);
+        Ok(cq)
+    }
+
+    /// Makes an RC QP in the RTS state; see [`Scriptable::create_qp`]. `EINVAL` for caps out of range or CQs
+    /// not of this device.
+    pub fn create_qp(&self, send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, caps: &ScriptedQpCaps) -> Result<*mut ibv_qp> {
+        let mut model = self.model.borrow_mut();
+        model.check_qp_args(send_cq, recv_cq, caps)?;
+        // SAFETY: `ibv_qp` is plain data (pointers, ints, zero-initializable pthread objects): zero is valid.
+        let mut qp: Box<ibv_qp> = Box::new(unsafe { std::mem::zeroed() });
+        qp.context = self.context();
+        qp.pd = self.pd;
+        qp.send_cq = send_cq;
+        qp.recv_cq = recv_cq;
+        qp.qp_num = model.next_qpn();
+        qp.handle = qp.qp_num;
+        qp.qp_type = ibv_qp_type::IBV_QPT_RC;
+        qp.state = ibv_qp_state::IBV_QPS_RTS;
+        let qp = Box::into_raw(qp);
+        model.add_qp(qp, send_cq, recv_cq, *caps);
+        Ok(qp)
+    }
+
+    pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
+        self.model.borrow_mut().destroy_qp(qp)
+    }
+
+    pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
+        self.model.borrow_mut().destroy_cq(cq)
+    }
+
+    pub fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize> {
+        self.model.borrow_mut().complete(qp, n)
+    }
+
+    pub fn fail(&self, qp: *mut ibv_qp, status: u32, vendor_err: u32) -> Result<()> {
+        self.model.borrow_mut().fail(qp, status, vendor_err)
+    }
+
+    pub fn set_error(&self, qp: *mut ibv_qp) -> Result<()> {
+        self.model.borrow_mut().set_error(qp)
+    }
+
+    pub fn deliver(&self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()> {
+        self.model.borrow_mut().deliver(qp, byte_len, imm)
+    }
+
+    pub fn qp_stats(&self, qp: *mut ibv_qp) -> Result<ScriptedQpStats> {
+        self.model.borrow().qp_stats(qp)
+    }
+
+    pub fn qp_caps(&self, qp: *mut ibv_qp) -> Result<ScriptedQpCaps> {
+        self.model.borrow().qp_caps(qp)
+    }
+
+    pub fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats> {
+        self.model.borrow().cq_stats(cq)
+    }
+
+    pub fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe> {
+        self.model.borrow().wqe(qp, index)
+    }
+
+    /// Number of violations recorded on the device.
+    pub fn violation_count(&self) -> usize {
+        self.model.borrow().violations().len()
+    }
+
+    /// The `index`-th violation (0 = oldest).
+    pub fn violation(&self, index: usize) -> Option<String> {
+        self.model.borrow().violations().get(index).cloned()
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.model.borrow().violations().to_vec()
+    }
+}
+
+impl Scriptable for ScriptedDevice {
+    fn context(&self) -> *mut ibv_context {
+        ScriptedDevice::context(self)
+    }
+    fn pd(&self) -> *mut ibv_pd {
+        ScriptedDevice::pd(self)
+    }
+    fn create_cq(&self, cqe: i32) -> Result<*mut ibv_cq> {
+        ScriptedDevice::create_cq(self, cqe)
+    }
+    fn create_qp(&self, send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, caps: &ScriptedQpCaps) -> Result<*mut ibv_qp> {
+        ScriptedDevice::create_qp(self, send_cq, recv_cq, caps)
+    }
+    fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
+        ScriptedDevice::destroy_qp(self, qp)
+    }
+    fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
+        ScriptedDevice::destroy_cq(self, cq)
+    }
+    fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize> {
+        ScriptedDevice::complete(self, qp, n)
+    }
+    fn fail(&self, qp: *mut ibv_qp, status: u32, vendor_err: u32) -> Result<()> {
+        ScriptedDevice::fail(self, qp, status, vendor_err)
+    }
+    fn set_error(&self, qp: *mut ibv_qp) -> Result<()> {
+        ScriptedDevice::set_error(self, qp)
+    }
+    fn deliver(&self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()> {
+        ScriptedDevice::deliver(self, qp, byte_len, imm)
+    }
+    fn qp_stats(&self, qp: *mut ibv_qp) -> Result<ScriptedQpStats> {
+        ScriptedDevice::qp_stats(self, qp)
+    }
+    fn qp_caps(&self, qp: *mut ibv_qp) -> Result<ScriptedQpCaps> {
+        ScriptedDevice::qp_caps(self, qp)
+    }
+    fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats> {
+        ScriptedDevice::cq_stats(self, cq)
+    }
+    fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe> {
+        ScriptedDevice::wqe(self, qp, index)
+    }
+    fn violations(&self) -> Vec<String> {
+        ScriptedDevice::violations(self)
+    }
+}
+
+impl Drop for ScriptedDevice {
+    fn drop(&mut self) {
+        self.model.get_mut().clear();
+        // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
+        // Every QP and CQ referring to them was freed by `clear` above.
+        unsafe {
+            drop(Box::from_raw(self.pd));
+            drop(Box::from_raw(self.ctx));
+            drop(Box::from_raw(self.ibdev));
+        }
+    }
+}
