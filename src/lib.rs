@@ -9,11 +9,17 @@
 //! objects (through the `struct ibv_context` ops table); [`Cq`] and [`Queue`] join the two into the public Rust
 //! API; `capi` is the C ABI, a thin client of that API. [`scripted`] is a scripted verbs device for tests.
 
+mod completion;
+mod cq;
 pub mod discipline;
 pub mod error;
 pub mod scripted;
 pub mod verbs;
+mod queue;
 
 mod capi;
 
+pub use completion::{Completion, SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED, SQD_COMPLETION_RECV};
+pub use cq::{Cq, CqStats};
 pub use error::{Error, Result};
+pub use queue::{Deferred, PostError, Queue, QueueConfig, QueueStats, RecvPostError, ReleaseHandler, MAX_DEPTH, MAX_INLINE, MAX_SGE};

@@ -1,1 +1,238 @@
-//! C API: queue.
+//! C API: `struct sqd_queue`, a managed send (and receive) queue.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_send_wr};
+
+use super::{fail, ffi_boundary, status, try_mut, try_ref};
+use crate::completion::Completion;
+use crate::cq::Cq;
+use crate::queue::{Deferred, Queue, QueueConfig, QueueStats, ReleaseHandler};
+use crate::verbs::{ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
+use crate::Error;
+
+/// A release callback: `c` is valid only during the call. It runs on the thread that polls (or posts, defers or
+/// drains) and may call the API again, including posting on the same queue.
+pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Completion)>;
+
+/// A deferred action (see `sqd_defer`).
+pub type DeferFn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
+
+/// How to manage a QP (`struct sqd_queue_attr`). Depths are what the QP was actually granted: read the caps
+/// back from `ibv_create_qp`'s `init_attr.cap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QueueAttr {
+    /// The QP's `max_send_wr`: the library never lets the provider hold more WQEs. 1..=1048576.
+    pub sq_depth: u32,
+    /// The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`).
+    pub max_send_sge: u32,
+    /// The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`).
+    pub max_inline_data: u32,
+    /// The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0.
+    pub rq_depth: u32,
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+    pub signal_interval: u32,
+    /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
+    /// with `-EAGAIN`. The backlog's storage is allocated here, once.
+    pub backlog_depth: u32,
+    /// Called once per accepted WR (and receive), in post order, when its resources may be reused. May be NULL.
+    pub release: ReleaseFn,
+    /// Passed to `release`.
+    pub release_ctx: *mut c_void,
+    /// Reserved: must be 0.
+    pub flags: u32,
+}
+
+/// Puts the RC QP `qp` under management and stores the new queue in `*out`.
+///
+/// Its sends must complete on `send_cq` (`qp->send_cq`). Its receives are managed when `recv_cq` is non-NULL
+/// (it must be `qp->recv_cq`, which may be the same handle as `send_cq`; `attr->rq_depth` > 0); pass NULL and
+/// `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
+///
+/// The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
+/// with its own CQE on QP error, plus a drain marker) and `rq_depth` on the receive CQ. If that does not fit in
+/// what the CQ has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
+///
+/// Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
+/// a time, the one that uses the queue's CQs.
+///
+/// Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, nonzero
+/// `flags`, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
+/// already managed on that CQ), `-ENOSPC` (CQ budget).
+#[no_mangle]
+pub extern "C" fn sqd_queue_new(
+    send_cq: *mut Cq,
+    recv_cq: *mut Cq,
+    qp: *mut ibv_qp,
+    attr: *const QueueAttr,
+    out: *mut *mut Queue,
+) -> i32 {
+    ffi_boundary!({
+        let out = try_mut!(out, "out");
+        *out = ptr::null_mut();
+        let send_cq = try_ref!(send_cq, "send_cq");
+        let attr = try_ref!(attr, "attr");
+        // SAFETY: non-NULL handles come from `sqd_cq_new` (the caller's promise).
+        let recv_cq = (!recv_cq.is_null()).then(|| unsafe { &*recv_cq });
+        if attr.flags != 0 {
+            return fail(&Error::invalid(format!("attr->flags is {:#x}; no flags are defined, it must be 0", attr.flags)));
+        }
+        // SAFETY: the caller passes a valid QP (or NULL, rejected inside) that outlives the queue.
+        let qp = match unsafe { QpHandle::from_raw(qp) } {
+            Ok(q) => q,
+            Err(e) => return fail(&e),
+        };
+        let config = QueueConfig {
+            sq_depth: attr.sq_depth,
+            max_send_sge: attr.max_send_sge,
+            max_inline_data: attr.max_inline_data,
+            rq_depth: attr.rq_depth,
+            signal_interval: attr.signal_interval,
+            backlog_depth: attr.backlog_depth,
+        };
+        // SAFETY: the C caller promises `release` may be called with `release_ctx` while the queue exists.
+        let release = attr.release.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, attr.release_ctx) }));
+        match Queue::new(send_cq, recv_cq, qp, config, release) {
+            Ok(q) => {
+                *out = Box::into_raw(Box::new(q));
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Frees a queue (not its QP). NULL is a no-op.
+///
+/// Returns 0, or `-EBUSY` while WRs or receives are outstanding (not yet released: poll, or drain, first) or
+/// when called from one of the queue's own callbacks; the queue then stays valid.
+#[no_mangle]
+pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
+    ffi_boundary!({
+        if q.is_null() {
+            return 0;
+        }
+        if let Err(e) = try_ref!(q, "q").check_free() {
+            return fail(&e);
+        }
+        // SAFETY: `q` came from `sqd_queue_new` (the caller's promise) and is freed once.
+        drop(unsafe { Box::from_raw(q) });
+        0
+    })
+}
+
+/// Hands a chain of send WRs to the queue instead of `ibv_post_send`.
+///
+/// Each WR in turn is checked, then either posted (all WRs posted by one call go to the provider with one
+/// doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
+/// reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
+/// it is accepted: it will get exactly one release. The library owns the wr_id and may add
+/// `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
+///
+/// Until its release, a WR's data buffers, lkeys and MRs must stay valid and unchanged: the HCA may read them
+/// again for a retransmission.
+///
+/// On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
+/// were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
+/// opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
+/// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
+/// slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
+/// negated errno.
+#[no_mangle]
+pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
+    ffi_boundary!({
+        let bad_wr = try_mut!(bad_wr, "bad_wr");
+        *bad_wr = wr;
+        let q = try_ref!(q, "q");
+        if wr.is_null() {
+            return fail(&Error::invalid("wr is NULL"));
+        }
+        // SAFETY: the caller lends a valid chain for the duration of the call, as `ibv_post_send` requires.
+        let chain = unsafe { SendChain::from_raw(wr) };
+        match q.post_send(chain) {
+            Ok(()) => {
+                *bad_wr = ptr::null_mut();
+                0
+            }
+            Err(e) => {
+                *bad_wr = e.bad.as_ptr();
+                fail(&e.error)
+            }
+        }
+    })
+}
+
+/// Posts a chain of receives on a queue that manages them (`rq_depth` > 0), instead of `ibv_post_recv`.
+///
+/// Each receive gets exactly one release (flag `SQD_COMPLETION_RECV`), in post order, and its completion is
+/// returned by `sqd_cq_poll` with your wr_id. On failure `*bad_wr` is the first receive not posted. Returns 0,
+/// or `-EINVAL` (NULL argument, queue without managed receives, bad `num_sge`/`sg_list`), `-EAGAIN` (more
+/// receives than `rq_depth` outstanding), or the provider's negated errno.
+#[no_mangle]
+pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
+    ffi_boundary!({
+        let bad_wr = try_mut!(bad_wr, "bad_wr");
+        *bad_wr = wr;
+        let q = try_ref!(q, "q");
+        if wr.is_null() {
+            return fail(&Error::invalid("wr is NULL"));
+        }
+        // SAFETY: the caller lends a valid receive chain for the duration of the call.
+        let chain = unsafe { RecvChain::from_raw(wr) };
+        match q.post_recv(chain) {
+            Ok(()) => {
+                *bad_wr = ptr::null_mut();
+                0
+            }
+            Err(e) => {
+                *bad_wr = e.bad.as_ptr();
+                fail(&e.error)
+            }
+        }
+    })
+}
+
+/// A completion barrier: runs `fn(ctx)` once every send WR accepted on the queue so far is released — right
+/// after the last of those releases, before any later one. If they all are already, it runs before this call
+/// returns. Deferred MR deregistration or invalidation and "buffer may be reused" hooks are built on it.
+///
+/// Returns 0 or `-EINVAL` (NULL `q` or `fn`).
+#[no_mangle]
+pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
+        // SAFETY: the C caller promises `fn` may be called once with `ctx`.
+        q.defer(Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) }));
+        0
+    })
+}
+
+/// Brings the queue to "everything released", as the kernel's drain does.
+///
+/// Move the QP to the error state first (so outstanding WRs flush) or not (they complete normally). From
+/// this call on the queue takes no new WRs (`-EIO`); an unsignaled tail is covered at once by a signaled
+/// marker so a CQE proves every posted WR finished; WRs still in the backlog are released as never posted
+/// (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
+/// (flush) completions arrive. The call never blocks.
+///
+/// Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
+/// still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
+/// posted).
+#[no_mangle]
+pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
+    ffi_boundary!({ status(try_ref!(q, "q").drain()) })
+}
+
+/// Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let out = try_mut!(out, "out");
+        *out = q.stats();
+        0
+    })
+}

@@ -1,1 +1,24 @@
-//! The discipline core: safe Rust, no FFI types.
+//! The discipline core: the state machines behind a managed queue, in safe Rust with no FFI types.
+//!
+//! Nothing here touches a verbs object. [`SendState`] decides, for each WR the ULP hands over, whether it is
+//! posted now (with which token and whether signaled), parked in the backlog, or refused; it retires slots when
+//! completions arrive and hands out releases in post order. [`RecvState`] does the same for receives.
+//! [`Backlog`] is the preallocated, bounded store for WRs that wait for credits, [`budget`] does the CQ
+//! arithmetic, and [`token`] packs a queue index, a direction and a sequence number into a 64-bit wr_id.
+
+pub mod backlog;
+pub mod budget;
+pub mod check;
+pub mod opcode;
+pub mod recv;
+pub mod ring;
+pub mod send;
+pub mod signal;
+pub mod token;
+
+pub use backlog::Backlog;
+pub use recv::RecvState;
+pub use ring::{Slot, SlotRing};
+pub use send::{Admit, Release, SendState};
+pub use signal::SignalPolicy;
+pub use token::{Direction, Token};

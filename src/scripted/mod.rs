@@ -219,10 +219,10 @@ struct ContextObj {
     device: *const ScriptedDevice,
 }
 
-/// A scripted verbs device: a real `ibv_context` and `ibv_pd`, and the CQs and QPs made on it.
+/// A scripted verbs device: a real `struct ibv_context` and `struct ibv_pd`, and the CQs and QPs made on it.
 ///
-/// Made pinned ([`ScriptedDevice::new`]) because the context's ops callbacks find the device through a pointer
-/// to it. Dropping it frees every object it made. See the [module documentation](self) for the model.
+/// The context's ops callbacks find the device through a pointer to it, so it never moves (Rust: it is made
+/// pinned). Freeing it frees every object it made. Not thread-safe: one thread at a time per device.
 pub struct ScriptedDevice {
     ctx: *mut ContextObj,
     pd: *mut ibv_pd,

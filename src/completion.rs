@@ -1,0 +1,56 @@
+//! What a release callback receives.
+
+/// The release of one WR (`struct sqd_completion` in C).
+///
+/// After its release, and not before, the ULP may reuse the WR's buffers, lkeys and MRs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The ULP's own wr_id.
+    pub wr_id: u64,
+    /// An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, or `IBV_WC_WR_FLUSH_ERR`.
+    pub status: u32,
+    /// An `enum ibv_wc_opcode` value taken from the WR as posted (valid even on error); for receives, the CQE's
+    /// opcode on success and `IBV_WC_RECV` otherwise.
+    pub opcode: u32,
+    /// The vendor error of the WR's own error CQE, else 0.
+    pub vendor_err: u32,
+    /// `SQD_COMPLETION_*` bits.
+    pub flags: u32,
+}
+
+/// The WR was retired by a later signaled completion, not a CQE of its own.
+pub const SQD_COMPLETION_IMPLIED: u32 = 1;
+/// The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
+/// `IBV_WC_WR_FLUSH_ERR`.
+pub const SQD_COMPLETION_NEVER_POSTED: u32 = 2;
+/// The WR was a receive (posted with `sqd_post_recv`).
+pub const SQD_COMPLETION_RECV: u32 = 4;
+
+impl Completion {
+    pub fn is_implied(&self) -> bool {
+        self.flags & SQD_COMPLETION_IMPLIED != 0
+    }
+    pub fn never_posted(&self) -> bool {
+        self.flags & SQD_COMPLETION_NEVER_POSTED != 0
+    }
+    pub fn is_recv(&self) -> bool {
+        self.flags & SQD_COMPLETION_RECV != 0
+    }
+}
+
+impl From<(crate::discipline::Release, bool)> for Completion {
+    fn from((r, recv): (crate::discipline::Release, bool)) -> Completion {
+        let mut flags = 0;
+        if r.implied {
+            flags |= SQD_COMPLETION_IMPLIED;
+        }
+        if r.never_posted {
+            flags |= SQD_COMPLETION_NEVER_POSTED;
+        }
+        if recv {
+            flags |= SQD_COMPLETION_RECV;
+        }
+        Completion { wr_id: r.wr_id, status: r.status as u32, opcode: r.opcode as u32, vendor_err: r.vendor_err, flags }
+    }
+}

@@ -1,0 +1,275 @@
+//! A managed CQ: shared by any number of queues, polled by the ULP through [`Cq::poll`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::discipline::budget::CqBudget;
+use crate::discipline::token::{Direction, Token, MAX_INDEX};
+use crate::error::{Error, Result};
+use crate::queue::{CqeFate, QueueShared};
+use crate::verbs::{ibv_wc, CqHandle};
+
+/// Counters of a managed CQ (`struct sqd_cq_stats` in C).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CqStats {
+    /// CQEs the provider granted (`cq->cqe` at `sqd_cq_new`).
+    pub capacity: u64,
+    /// CQEs reserved by the attached queues' worst cases.
+    pub reserved: u64,
+    /// Queues attached (a queue whose sends and receives both complete here counts once).
+    pub queues: u32,
+    pub _reserved0: u32,
+    /// Calls to `sqd_cq_poll`.
+    pub polls: u64,
+    /// CQEs reaped from the provider.
+    pub cqes: u64,
+    /// Work completions handed to the ULP.
+    pub visible: u64,
+    /// CQEs the library added (moderation, markers) and did not show.
+    pub hidden: u64,
+    /// CQEs of QPs not managed on this CQ, returned unchanged.
+    pub passthrough: u64,
+    /// CQEs of a managed QP that match no outstanding WR: dropped and counted (a provider or ULP bug).
+    pub stray: u64,
+    /// Idle-tail markers posted by `sqd_cq_poll`.
+    pub tail_markers: u64,
+}
+
+pub(crate) struct CqShared {
+    pub(crate) handle: CqHandle,
+    state: RefCell<CqState>,
+    polling: Cell<bool>,
+}
+
+struct CqState {
+    budget: CqBudget,
+    table: Vec<Option<Rc<QueueShared>>>,
+    free: Vec<u32>,
+    by_qp: HashMap<u32, u32>,
+    /// Queues that may have an unsignaled tail to cover at the end of a poll.
+    watch: Vec<u32>,
+    watch_spare: Vec<u32>,
+    stats: CqStats,
+}
+
+/// An `ibv_cq` under management.
+///
+/// Not thread-safe: a CQ and the queues on it are used from one thread at a time.
+pub struct Cq {
+    pub(crate) shared: Rc<CqShared>,
+}
+
+impl Cq {
+    /// Takes a CQ under management. Its capacity is the `cqe` the provider granted.
+    pub fn new(handle: CqHandle) -> Cq {
+        let capacity = handle.capacity() as u64;
+        Cq {
+            shared: Rc::new(CqShared {
+                handle,
+                state: RefCell::new(CqState {
+                    budget: CqBudget::new(capacity),
+                    table: Vec::new(),
+                    free: Vec::new(),
+                    by_qp: HashMap::new(),
+                    watch: Vec::new(),
+                    watch_spare: Vec::new(),
+                    stats: CqStats { capacity, ..CqStats::default() },
+                }),
+                polling: Cell::new(false),
+            }),
+        }
+    }
+
+    /// Queues attached to this CQ.
+    pub fn queue_count(&self) -> u32 {
+        self.shared.state.borrow().budget.queues()
+    }
+
+    pub fn stats(&self) -> CqStats {
+        let st = self.shared.state.borrow();
+        CqStats { reserved: st.budget.reserved(), queues: st.budget.queues(), ..st.stats }
+    }
+
+    /// Fails with `EBUSY` while queues are attached.
+    pub fn check_free(&self) -> Result<()> {
+        if self.shared.polling.get() {
+            return Err(Error::new(libc::EBUSY, "the CQ is being polled (called from one of its callbacks)"));
+        }
+        let n = self.queue_count();
+        if n > 0 {
+            return Err(Error::new(libc::EBUSY, format!("the CQ still has {n} queue(s) attached; free them first")));
+        }
+        Ok(())
+    }
+
+    /// Reaps completions into `out` and returns how many are for the ULP: exactly the work completions raw verbs
+    /// would have given it for the WRs it posted (receives, sends it asked to be signaled, every error and
+    /// flush), with its own wr_ids. Runs release callbacks and deferred actions of the queues on this CQ, posts
+    /// parked WRs as credits return, and covers idle unsignaled tails.
+    pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
+        self.shared.poll(out)
+    }
+}
+
+impl CqShared {
+    /// Attaches a queue; returns its index in this CQ's table.
+    pub(crate) fn attach(&self, qp_num: u32, need: u64, what: &str) -> Result<u32> {
+        let mut st = self.state.borrow_mut();
+        if st.by_qp.contains_key(&qp_num) {
+            return Err(Error::new(libc::EBUSY, format!("QP {qp_num:#x} is already managed on this CQ")));
+        }
+        let index = match st.free.last() {
+            Some(&i) => i,
+            None if st.table.len() as u64 > MAX_INDEX as u64 => {
+                return Err(Error::new(libc::ENOSPC, "too many queues on one CQ"));
+            }
+            None => st.table.len() as u32,
+        };
+        st.budget.reserve(need, what)?;
+        if st.free.last() == Some(&index) {
+            st.free.pop();
+        } else {
+            st.table.push(None);
+        }
+        st.by_qp.insert(qp_num, index);
+        Ok(index)
+    }
+
+    /// Puts the queue object in its table slot (after the queue is built).
+    pub(crate) fn install(&self, index: u32, q: Rc<QueueShared>) {
+        self.state.borrow_mut().table[index as usize] = Some(q);
+    }
+
+    pub(crate) fn detach(&self, index: u32, qp_num: u32, need: u64) {
+        let mut st = self.state.borrow_mut();
+        st.table[index as usize] = None;
+        st.by_qp.remove(&qp_num);
+        st.free.push(index);
+        st.budget.release(need);
+        st.watch.retain(|&i| i != index);
+    }
+
+    /// Asks the next poll to check this queue's tail.
+    pub(crate) fn watch(&self, index: u32) {
+        self.state.borrow_mut().watch.push(index);
+    }
+
+    fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<QueueShared>> {
+        let st = self.state.borrow();
+        match st.table.get(index as usize) {
+            Some(Some(q)) if q.qp_num() == qp_num => Some(q.clone()),
+            _ => None,
+        }
+    }
+
+    fn poll(self: &Rc<Self>, out: &mut [ibv_wc]) -> Result<usize> {
+        if self.polling.replace(true) {
+            return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
+        }
+        let _guard = ResetOnDrop(&self.polling);
+        self.state.borrow_mut().stats.polls += 1;
+        let mut kept = 0;
+        while kept < out.len() {
+            let room = out.len() - kept;
+            let n = self.handle.poll(&mut out[kept..])?;
+            let mut w = kept;
+            for i in kept..kept + n {
+                match self.reap(&out[i]) {
+                    CqeFate::Visible(wr_id) => {
+                        out.swap(w, i);
+                        out[w].wr_id = wr_id;
+                        w += 1;
+                    }
+                    CqeFate::Passthrough => {
+                        out.swap(w, i);
+                        w += 1;
+                    }
+                    CqeFate::Hidden | CqeFate::Stray => {}
+                }
+            }
+            kept = w;
+            if n < room {
+                break;
+            }
+        }
+        self.cover_idle_tails();
+        self.state.borrow_mut().stats.visible += kept as u64;
+        Ok(kept)
+    }
+
+    /// Maps one CQE to its queue and processes it (releases, callbacks, backlog).
+    #[inline]
+    fn reap(&self, wc: &ibv_wc) -> CqeFate {
+        let token = Token(wc.wr_id);
+        let fate = match self.lookup(token.index(), wc.qp_num) {
+            Some(q) => {
+                let on_right_cq = match token.direction() {
+                    Direction::Send => std::ptr::eq(Rc::as_ptr(q.send_cq()), self),
+                    Direction::Recv => q.recv_cq().is_some_and(|c| std::ptr::eq(Rc::as_ptr(c), self)),
+                };
+                if on_right_cq {
+                    q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8)
+                } else {
+                    CqeFate::Stray
+                }
+            }
+            None if self.state.borrow().by_qp.contains_key(&wc.qp_num) => CqeFate::Stray,
+            None => CqeFate::Passthrough,
+        };
+        let mut st = self.state.borrow_mut();
+        st.stats.cqes += 1;
+        match fate {
+            CqeFate::Hidden => st.stats.hidden += 1,
+            CqeFate::Stray => st.stats.stray += 1,
+            CqeFate::Passthrough => st.stats.passthrough += 1,
+            CqeFate::Visible(_) => {}
+        }
+        fate
+    }
+
+    /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle.
+    fn cover_idle_tails(&self) {
+        let mut list = {
+            let mut st = self.state.borrow_mut();
+            let spare = std::mem::take(&mut st.watch_spare);
+            std::mem::replace(&mut st.watch, spare)
+        };
+        let mut markers = 0;
+        list.retain(|&index| {
+            let q = self.state.borrow().table.get(index as usize).cloned().flatten();
+            match q {
+                Some(q) => match q.check_idle_tail() {
+                    IdleCheck::KeepWatching => true,
+                    IdleCheck::Covered(m) => {
+                        markers += m as u64;
+                        false
+                    }
+                },
+                None => false,
+            }
+        });
+        let mut st = self.state.borrow_mut();
+        st.stats.tail_markers += markers;
+        // Queues that callbacks started watching meanwhile are in `watch`: keep them too. (A queue is in the
+        // list at most once: it tracks that itself.)
+        let mut added = std::mem::replace(&mut st.watch, list);
+        st.watch.extend(added.drain(..));
+        st.watch_spare = added;
+    }
+}
+
+pub(crate) enum IdleCheck {
+    KeepWatching,
+    /// Done watching; `true` when a marker was posted.
+    Covered(bool),
+}
+
+struct ResetOnDrop<'a>(&'a Cell<bool>);
+
+impl Drop for ResetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}

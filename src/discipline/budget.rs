@@ -1,0 +1,95 @@
+//! CQ budget: every queue attached to a CQ reserves its worst case, so the CQ can never overrun.
+//!
+//! On QP error every outstanding WR flushes with its own CQE, signaled or not, so the worst case for a queue's
+//! sends is its SQ depth; receives completing on the CQ add the RQ depth; one more CQE is kept for a drain
+//! marker (as the kernel's drain does).
+
+use crate::error::{Error, Result};
+
+/// CQEs a queue reserves on one CQ.
+pub fn reservation(sq_depth: u32, rq_depth: u32, sends_here: bool, recvs_here: bool) -> u64 {
+    let mut need = 0u64;
+    if sends_here {
+        need += sq_depth as u64 + 1;
+    }
+    if recvs_here {
+        need += rq_depth as u64;
+    }
+    need
+}
+
+/// The CQ depth a set of queues needs: the sum of their reservations.
+pub fn cq_depth_for(queues: &[(u32, u32)]) -> u64 {
+    queues.iter().map(|&(sq, rq)| reservation(sq, rq, true, rq > 0)).sum()
+}
+
+#[derive(Debug, Clone)]
+pub struct CqBudget {
+    capacity: u64,
+    reserved: u64,
+    queues: u32,
+}
+
+impl CqBudget {
+    pub fn new(capacity: u64) -> CqBudget {
+        CqBudget { capacity, reserved: 0, queues: 0 }
+    }
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+    pub fn queues(&self) -> u32 {
+        self.queues
+    }
+
+    /// Reserves `need` CQEs, or fails with `ENOSPC` and a message that names the numbers.
+    pub fn reserve(&mut self, need: u64, what: &str) -> Result<()> {
+        let free = self.capacity - self.reserved;
+        if need > free {
+            return Err(Error::new(
+                libc::ENOSPC,
+                format!(
+                    "CQ too small: it holds {} CQEs, {} are reserved by {} queue(s), {} are free; this queue needs {} ({}), {} short",
+                    self.capacity, self.reserved, self.queues, free, need, what, need - free
+                ),
+            ));
+        }
+        self.reserved += need;
+        self.queues += 1;
+        Ok(())
+    }
+
+    pub fn release(&mut self, need: u64) {
+        debug_assert!(need <= self.reserved && self.queues > 0);
+        self.reserved -= need;
+        self.queues -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_until_full_then_enospc_with_numbers() {
+        let mut b = CqBudget::new(100);
+        b.reserve(reservation(32, 16, true, true), "a").unwrap();
+        assert_eq!(b.reserved(), 49);
+        b.reserve(reservation(32, 16, true, true), "b").unwrap();
+        let e = b.reserve(reservation(1, 0, true, false), "sq_depth 1 + 1 drain marker").unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert!(e.message().contains("holds 100"), "{}", e.message());
+        assert!(e.message().contains("needs 2"), "{}", e.message());
+        assert!(e.message().contains("2 are free"), "{}", e.message());
+        b.release(49);
+        b.reserve(2, "c").unwrap();
+        assert_eq!((b.reserved(), b.queues()), (51, 2));
+    }
+
+    #[test]
+    fn depth_for_a_plan() {
+        assert_eq!(cq_depth_for(&[(128, 0), (64, 64)]), 129 + 129);
+    }
+}

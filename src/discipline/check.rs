@@ -1,0 +1,85 @@
+//! Validation of a send WR against the queue's limits, before anything is posted or parked.
+
+use super::opcode::{allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE};
+use crate::error::{Error, Result};
+
+/// The fields of a WR the checks need.
+#[derive(Debug, Clone, Copy)]
+pub struct WrShape {
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub num_sge: i32,
+    pub sg_list_null: bool,
+}
+
+/// Limits of the queue, as granted by the QP.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_send_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Checks the shape of a WR; returns its work-completion opcode. Inline length is checked separately
+/// (`check_inline`), since measuring it reads the SGE list.
+#[inline]
+pub fn check_shape(w: &WrShape, lim: &Limits) -> Result<u8> {
+    let Some(op) = wc_opcode(w.opcode) else {
+        return Err(Error::invalid(format!("WR opcode {} is not a send opcode valid on an RC queue", w.opcode)));
+    };
+    if w.send_flags & !SEND_FLAGS_RC != 0 {
+        return Err(Error::invalid(format!(
+            "WR send_flags 0x{:x} has unknown or unsupported bits 0x{:x} (RC allows FENCE, SIGNALED, SOLICITED, INLINE)",
+            w.send_flags,
+            w.send_flags & !SEND_FLAGS_RC
+        )));
+    }
+    if w.num_sge < 0 || w.num_sge as u32 > lim.max_send_sge {
+        return Err(Error::invalid(format!("WR num_sge {} is outside 0..={} (max_send_sge)", w.num_sge, lim.max_send_sge)));
+    }
+    if w.num_sge > 0 && w.sg_list_null {
+        return Err(Error::invalid(format!("WR has num_sge {} but sg_list is NULL", w.num_sge)));
+    }
+    if w.send_flags & SEND_INLINE != 0 && !allows_inline(w.opcode) {
+        return Err(Error::invalid(format!("IBV_SEND_INLINE is not valid with WR opcode {}", w.opcode)));
+    }
+    Ok(op)
+}
+
+#[inline]
+pub fn check_inline(total: u64, lim: &Limits) -> Result<()> {
+    if total > lim.max_inline_data as u64 {
+        return Err(Error::invalid(format!(
+            "inline WR carries {} bytes, more than max_inline_data {}",
+            total, lim.max_inline_data
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discipline::opcode::*;
+
+    const LIM: Limits = Limits { max_send_sge: 2, max_inline_data: 64 };
+    fn shape(opcode: u32, send_flags: u32, num_sge: i32) -> WrShape {
+        WrShape { opcode, send_flags, num_sge, sg_list_null: false }
+    }
+
+    #[test]
+    fn accepts_good_and_names_what_is_bad() {
+        assert_eq!(check_shape(&shape(WR_SEND, SEND_SIGNALED | SEND_INLINE, 2), &LIM).unwrap(), WC_SEND);
+        assert_eq!(check_shape(&shape(WR_RDMA_READ, SEND_FENCE, 1), &LIM).unwrap(), WC_RDMA_READ);
+        let e = check_shape(&shape(42, 0, 1), &LIM).unwrap_err();
+        assert!(e.message().contains("opcode 42"), "{}", e.message());
+        let e = check_shape(&shape(WR_SEND, 0x100, 1), &LIM).unwrap_err();
+        assert!(e.message().contains("0x100"), "{}", e.message());
+        let e = check_shape(&shape(WR_SEND, 0, 3), &LIM).unwrap_err();
+        assert!(e.message().contains("num_sge 3"), "{}", e.message());
+        assert!(check_shape(&shape(WR_SEND, 0, -1), &LIM).is_err());
+        assert!(check_shape(&WrShape { sg_list_null: true, ..shape(WR_SEND, 0, 1) }, &LIM).is_err());
+        assert!(check_shape(&shape(WR_RDMA_READ, SEND_INLINE, 1), &LIM).is_err());
+        assert_eq!(check_inline(65, &LIM).unwrap_err().errno(), libc::EINVAL);
+        assert!(check_inline(64, &LIM).is_ok());
+    }
+}

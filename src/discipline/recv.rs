@@ -1,0 +1,99 @@
+//! The receive side of a managed queue: receive credits, exact mapping of receive CQEs, ordered release.
+//!
+//! Every receive WR yields its own CQE (success or flush), and an RQ completes in order, so a receive CQE
+//! must name the oldest pending receive; anything else is a stray.
+
+use super::opcode::WC_RECV;
+use super::ring::{Slot, SlotRing};
+use super::send::Release;
+use super::token::Token;
+
+#[derive(Debug)]
+pub struct RecvState {
+    ring: SlotRing,
+    depth: u32,
+    pub posted: u64,
+    pub cqes: u64,
+    pub stray_cqes: u64,
+}
+
+impl RecvState {
+    pub fn new(depth: u32) -> RecvState {
+        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0 }
+    }
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+    #[inline]
+    pub fn credits(&self) -> u32 {
+        self.depth - self.ring.outstanding() as u32
+    }
+    pub fn outstanding(&self) -> u64 {
+        self.ring.outstanding()
+    }
+    #[inline]
+    pub fn seq_base(&self) -> u64 {
+        self.ring.done()
+    }
+
+    /// Takes a receive credit for `wr_id`; `None` when the RQ is full.
+    #[inline]
+    pub fn admit(&mut self, wr_id: u64) -> Option<u64> {
+        if self.credits() == 0 {
+            return None;
+        }
+        self.posted += 1;
+        Some(self.ring.push(Slot { wr_id, opcode: WC_RECV, flags: Slot::SIGNALED, ..Slot::default() }))
+    }
+
+    /// The provider refused the newest `n` receives.
+    pub fn rollback(&mut self, n: u64) {
+        self.ring.unpush(n);
+        self.posted -= n;
+    }
+
+    /// Maps a polled receive CQE; returns the ULP's wr_id, or `None` for a stray.
+    #[inline]
+    pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8) -> Option<u64> {
+        let seq = token.seq_from(self.ring.done());
+        if seq != self.ring.done() || !self.ring.is_pending(seq) {
+            self.stray_cqes += 1;
+            return None;
+        }
+        self.cqes += 1;
+        let wr_id = self.ring.get(seq).wr_id;
+        if status == 0 {
+            self.ring.get_mut(seq).opcode = wc_opcode;
+        }
+        self.ring.complete_through(seq, status, vendor_err);
+        Some(wr_id)
+    }
+
+    #[inline]
+    pub fn next_release(&mut self) -> Option<Release> {
+        let (_, s) = self.ring.pop_done()?;
+        Some(Release { wr_id: s.wr_id, status: s.status, opcode: s.opcode, vendor_err: s.vendor_err, implied: false, never_posted: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discipline::token::Direction;
+
+    #[test]
+    fn receives_complete_in_order_only() {
+        let mut r = RecvState::new(2);
+        let a = r.admit(10).unwrap();
+        let b = r.admit(11).unwrap();
+        assert_eq!(r.admit(12), None, "RQ full");
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 0, 0, 128), None, "out of order is a stray");
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, a), 0, 0, 129), Some(10));
+        let rel = r.next_release().unwrap();
+        assert_eq!((rel.wr_id, rel.opcode), (10, 129));
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 5, 7, 0), Some(11));
+        let rel = r.next_release().unwrap();
+        assert_eq!((rel.wr_id, rel.status, rel.vendor_err, rel.opcode), (11, 5, 7, 128));
+        assert_eq!(r.credits(), 2);
+    }
+}

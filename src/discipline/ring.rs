@@ -1,0 +1,178 @@
+//! The in-flight ring: one small record per SQ (or RQ) slot, indexed by sequence number.
+//!
+//! Sequences only grow. `tail..head` are the posted WRs not yet released; among them `tail..done` are proven
+//! complete by a polled CQE and wait only for their release to be handed out. Storage is a power of two at least
+//! the queue depth, allocated once at creation.
+
+/// What the library remembers about one posted WR: 16 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// The ULP's own wr_id (0 for the library's own markers).
+    pub wr_id: u64,
+    /// Vendor error of the completion that finished this WR (valid once complete).
+    pub vendor_err: u32,
+    /// `ibv_wc_opcode` of the WR as posted.
+    pub opcode: u8,
+    /// `Slot::*` flag bits.
+    pub flags: u8,
+    /// `ibv_wc_status` of the completion that finished this WR (valid once complete).
+    pub status: u8,
+    /// Unused; keeps the record at 16 bytes.
+    pub _pad: u8,
+}
+
+impl Slot {
+    /// The ULP asked for a completion (`IBV_SEND_SIGNALED`).
+    pub const ULP_SIGNALED: u8 = 1;
+    /// Posted signaled (by request or by the policy).
+    pub const SIGNALED: u8 = 2;
+    /// A WR of the library's own (idle-tail or drain marker): never shown, never released to the ULP.
+    pub const INTERNAL: u8 = 4;
+    /// Its own CQE retired it (as opposed to a later CQE: the completion is implied).
+    pub const OWN_CQE: u8 = 8;
+
+    #[inline]
+    pub fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+#[derive(Debug)]
+pub struct SlotRing {
+    slots: Box<[Slot]>,
+    mask: u64,
+    head: u64,
+    done: u64,
+    tail: u64,
+}
+
+impl SlotRing {
+    pub fn new(depth: u32) -> SlotRing {
+        let cap = (depth.max(1) as usize).next_power_of_two();
+        SlotRing { slots: vec![Slot::default(); cap].into_boxed_slice(), mask: cap as u64 - 1, head: 0, done: 0, tail: 0 }
+    }
+
+    /// Number of slots of storage (bytes per slot: `size_of::<Slot>()`).
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+    #[inline]
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+    #[inline]
+    pub fn done(&self) -> u64 {
+        self.done
+    }
+    #[inline]
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+    /// Posted and not yet released.
+    #[inline]
+    pub fn outstanding(&self) -> u64 {
+        self.head - self.tail
+    }
+    /// Posted and not yet proven complete by a CQE: what the provider still holds.
+    #[inline]
+    pub fn in_provider(&self) -> u64 {
+        self.head - self.done
+    }
+
+    /// Appends a slot; the caller has checked credits.
+    #[inline]
+    pub fn push(&mut self, slot: Slot) -> u64 {
+        debug_assert!(self.outstanding() < self.slots.len() as u64);
+        let seq = self.head;
+        self.slots[(seq & self.mask) as usize] = slot;
+        self.head += 1;
+        seq
+    }
+
+    /// Removes the newest `n` slots (the provider refused them).
+    pub fn unpush(&mut self, n: u64) {
+        debug_assert!(n <= self.head - self.done);
+        self.head -= n;
+    }
+
+    #[inline]
+    pub fn get(&self, seq: u64) -> &Slot {
+        &self.slots[(seq & self.mask) as usize]
+    }
+    #[inline]
+    pub fn get_mut(&mut self, seq: u64) -> &mut Slot {
+        &mut self.slots[(seq & self.mask) as usize]
+    }
+
+    /// Whether `seq` is posted and not yet proven complete.
+    #[inline]
+    pub fn is_pending(&self, seq: u64) -> bool {
+        seq >= self.done && seq < self.head
+    }
+
+    /// Marks every slot up to and including `seq` complete: `seq` with the CQE's status, earlier ones
+    /// (covered by it) successful.
+    #[inline]
+    pub fn complete_through(&mut self, seq: u64, status: u8, vendor_err: u32) {
+        debug_assert!(self.is_pending(seq));
+        while self.done < seq {
+            let s = self.get_mut(self.done);
+            s.status = 0;
+            s.vendor_err = 0;
+            self.done += 1;
+        }
+        let s = self.get_mut(seq);
+        s.status = status;
+        s.vendor_err = vendor_err;
+        s.flags |= Slot::OWN_CQE;
+        self.done = seq + 1;
+    }
+
+    /// Takes the oldest complete, unreleased slot.
+    #[inline]
+    pub fn pop_done(&mut self) -> Option<(u64, Slot)> {
+        if self.tail == self.done {
+            return None;
+        }
+        let seq = self.tail;
+        self.tail += 1;
+        Some((seq, *self.get(seq)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_is_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+    }
+
+    #[test]
+    fn covered_slots_complete_successfully_and_pop_in_order() {
+        let mut r = SlotRing::new(5);
+        assert_eq!(r.capacity(), 8);
+        for i in 0..4 {
+            r.push(Slot { wr_id: 100 + i, ..Slot::default() });
+        }
+        r.complete_through(2, 5, 9);
+        assert_eq!(r.outstanding(), 4);
+        assert_eq!(r.in_provider(), 1);
+        let popped: Vec<_> = std::iter::from_fn(|| r.pop_done()).collect();
+        assert_eq!(popped.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!((popped[0].1.status, popped[0].1.has(Slot::OWN_CQE)), (0, false));
+        assert_eq!((popped[2].1.status, popped[2].1.vendor_err, popped[2].1.has(Slot::OWN_CQE)), (5, 9, true));
+        assert!(r.is_pending(3) && !r.is_pending(2) && !r.is_pending(4));
+    }
+
+    #[test]
+    fn wraps_around_storage() {
+        let mut r = SlotRing::new(2);
+        for i in 0..100u64 {
+            let seq = r.push(Slot { wr_id: i, ..Slot::default() });
+            r.complete_through(seq, 0, 0);
+            assert_eq!(r.pop_done().unwrap().1.wr_id, i);
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The send side of a managed queue: credits, signaling, completion mapping, ordered release, backlog.
+//!
+//! Counting rules:
+//! - `accepted` / `released` count the ULP's WRs (posted or parked in the backlog); the library's markers are
+//!   not counted. A barrier (`sqd_defer`) waits for `released` to reach the `accepted` of its time.
+//! - The provider is never asked to hold more than `sq_depth` WQEs: a slot is reused only after the WR in it is
+//!   released, which happens after a polled CQE at or after it.
+//! - Invariant: when no credit is left the newest WQE is signaled (the WR that takes the last slot is), so a
+//!   full SQ always drains by itself and an unsignaled tail always leaves a credit for a marker.
+
+use std::collections::VecDeque;
+
+use super::backlog::Backlog;
+use super::opcode::{WC_SUCCESS, WC_WR_FLUSH_ERR};
+use super::ring::{Slot, SlotRing};
+use super::signal::SignalPolicy;
+use super::token::Token;
+
+/// What a backlog entry must tell the core about the WR it holds.
+pub trait Parked {
+    fn wr_id(&self) -> u64;
+    /// `ibv_wc_opcode` of the WR.
+    fn wc_opcode(&self) -> u8;
+    /// The ULP asked for a completion.
+    fn ulp_signaled(&self) -> bool;
+}
+
+/// The decision for one WR handed to the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Post it now, with this sequence number, signaled or not.
+    Post { seq: u64, signaled: bool },
+    /// No credit: park it in the backlog (fill `backlog_vacant()`, then `commit_park()`).
+    Park,
+    /// No credit and no backlog room: refuse it (`EAGAIN`).
+    Full,
+}
+
+/// One release to hand to the ULP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    pub wr_id: u64,
+    pub status: u8,
+    pub opcode: u8,
+    pub vendor_err: u32,
+    /// Retired by a later CQE, not its own.
+    pub implied: bool,
+    /// Released from the backlog: the HCA never saw it.
+    pub never_posted: bool,
+}
+
+/// What a polled send CQE means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqeOutcome {
+    /// Show it to the ULP, with the ULP's wr_id.
+    Visible { wr_id: u64 },
+    /// A completion the library added (moderation or marker): swallow it.
+    Hidden,
+    /// The token names no pending WR of this queue.
+    Stray,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendCounters {
+    pub wqes: u64,
+    pub signaled_by_ulp: u64,
+    pub signaled_by_policy: u64,
+    pub markers: u64,
+    pub cqes: u64,
+    pub stray_cqes: u64,
+    pub refused: u64,
+    pub parked: u64,
+    pub backlog_peak: u64,
+}
+
+#[derive(Debug)]
+pub struct SendState<T> {
+    ring: SlotRing,
+    depth: u32,
+    policy: SignalPolicy,
+    backlog: Backlog<T>,
+    accepted: u64,
+    released: u64,
+    failed: Option<u8>,
+    draining: bool,
+    pub counters: SendCounters,
+}
+
+/// Why the queue takes no more WRs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// A completion reported this error status.
+    Failed(u8),
+    /// `drain` was called.
+    Draining,
+}
+
+impl<T: Parked> SendState<T> {
+    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> SendState<T> {
+        SendState {
+            ring: SlotRing::new(depth),
+            depth,
+            policy: SignalPolicy::new(signal_interval),
+            backlog,
+            accepted: 0,
+            released: 0,
+            failed: None,
+            draining: false,
+            counters: SendCounters::default(),
+        }
+    }
+
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+    pub fn signal_interval(&self) -> u32 {
+        self.policy.interval()
+    }
+    /// Slots free for new WQEs.
+    #[inline]
+    pub fn credits(&self) -> u32 {
+        self.depth - self.ring.outstanding() as u32
+    }
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+    pub fn released(&self) -> u64 {
+        self.released
+    }
+    /// WQEs the provider holds (posted, no CQE polled yet at or after them).
+    pub fn in_provider(&self) -> u64 {
+        self.ring.in_provider()
+    }
+    /// The oldest sequence still pending a CQE (the base for decoding tokens).
+    #[inline]
+    pub fn seq_base(&self) -> u64 {
+        self.ring.done()
+    }
+    pub fn backlog_len(&self) -> usize {
+        self.backlog.len()
+    }
+    pub fn backlog_capacity(&self) -> usize {
+        self.backlog.capacity()
+    }
+    pub fn ring_capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+    /// Every accepted WR released and nothing of the library's own in flight.
+    pub fn is_idle(&self) -> bool {
+        self.accepted == self.released && self.ring.outstanding() == 0
+    }
+    pub fn closed(&self) -> Option<Closed> {
+        match (self.failed, self.draining) {
+            (Some(s), _) => Some(Closed::Failed(s)),
+            (None, true) => Some(Closed::Draining),
+            (None, false) => None,
+        }
+    }
+    pub fn has_unsignaled_tail(&self) -> bool {
+        self.policy.has_unsignaled_tail()
+    }
+
+    /// Decides what happens to the next WR. The caller has checked `closed()`.
+    #[inline]
+    pub fn admit(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> Admit {
+        let credits = self.credits();
+        if credits == 0 || !self.backlog.is_empty() {
+            if self.backlog.is_full() {
+                self.counters.refused += 1;
+                return Admit::Full;
+            }
+            return Admit::Park;
+        }
+        self.accepted += 1;
+        self.post_slot(wr_id, wc_opcode, ulp_signaled, credits)
+    }
+
+    #[inline]
+    fn post_slot(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool, credits: u32) -> Admit {
+        let signaled = self.policy.decide(ulp_signaled, credits == 1);
+        let mut flags = 0;
+        if ulp_signaled {
+            flags |= Slot::ULP_SIGNALED;
+            self.counters.signaled_by_ulp += 1;
+        } else if signaled {
+            self.counters.signaled_by_policy += 1;
+        }
+        if signaled {
+            flags |= Slot::SIGNALED;
+        }
+        let seq = self.ring.push(Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() });
+        self.counters.wqes += 1;
+        Admit::Post { seq, signaled }
+    }
+
+    /// Storage for the WR being parked (after `Admit::Park`).
+    #[inline]
+    pub fn backlog_vacant(&mut self) -> &mut T {
+        self.backlog.vacant().expect("admit said Park, so the backlog has room")
+    }
+
+    /// The parked WR is in place: it is accepted.
+    #[inline]
+    pub fn commit_park(&mut self) {
+        self.backlog.commit_push();
+        self.accepted += 1;
+        self.counters.parked += 1;
+        self.counters.backlog_peak = self.counters.backlog_peak.max(self.backlog.len() as u64);
+    }
+
+    /// Whether the `i`-th oldest parked WR can be posted now.
+    #[inline]
+    pub fn can_pump(&self, i: usize) -> bool {
+        self.backlog.len() > i && self.credits() > 0 && self.closed().is_none()
+    }
+
+    /// Admits the `i`-th oldest parked WR for posting (the caller posts entries 0..n together, then calls
+    /// `pumped(n)`). Only while `credits() > 0`.
+    pub fn admit_parked(&mut self, i: usize) -> (u64, bool, &mut T) {
+        let credits = self.credits();
+        debug_assert!(credits > 0 && i < self.backlog.len());
+        let e = self.backlog.get_mut(i);
+        let (wr_id, op, ulp_signaled) = (e.wr_id(), e.wc_opcode(), e.ulp_signaled());
+        let Admit::Post { seq, signaled } = self.post_slot(wr_id, op, ulp_signaled, credits) else { unreachable!() };
+        (seq, signaled, self.backlog.get_mut(i))
+    }
+
+    /// See [`Backlog::raw_parts`].
+    pub fn backlog_raw_parts(&mut self) -> (*mut T, usize, usize) {
+        self.backlog.raw_parts()
+    }
+
+    /// `n` parked WRs reached the provider: they leave the backlog.
+    pub fn pumped(&mut self, n: usize) {
+        self.backlog.pop_front(n);
+    }
+
+    /// The provider refused the newest `n` WQEs: forget them. When they came from the ULP's call (not the
+    /// backlog) they are no longer accepted either.
+    pub fn rollback(&mut self, n: u64, from_ulp: bool) {
+        self.ring.unpush(n);
+        self.counters.wqes -= n;
+        if from_ulp {
+            self.accepted -= n;
+        }
+        // The run of unsignaled WQEs now ending the SQ.
+        let mut run = 0;
+        let mut seq = self.ring.head();
+        while seq > self.ring.done() && !self.ring.get(seq - 1).has(Slot::SIGNALED) {
+            run += 1;
+            seq -= 1;
+        }
+        self.policy.set_run(run);
+    }
+
+    /// A signaled marker (zero-length RDMA WRITE) to cover an unsignaled tail, if there is one and the queue is
+    /// open or draining. Returns its sequence number.
+    pub fn admit_marker(&mut self) -> Option<u64> {
+        if self.failed.is_some() || !self.policy.has_unsignaled_tail() {
+            return None;
+        }
+        debug_assert!(self.credits() > 0, "an unsignaled tail always leaves a credit");
+        if self.credits() == 0 {
+            return None;
+        }
+        self.policy.note_signaled();
+        self.counters.markers += 1;
+        self.counters.wqes += 1;
+        Some(self.ring.push(Slot { flags: Slot::INTERNAL | Slot::SIGNALED, ..Slot::default() }))
+    }
+
+    /// Maps a polled send CQE to its WR and retires every WR up to it.
+    #[inline]
+    pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32) -> CqeOutcome {
+        let seq = token.seq_from(self.ring.done());
+        if !self.ring.is_pending(seq) {
+            self.counters.stray_cqes += 1;
+            return CqeOutcome::Stray;
+        }
+        self.counters.cqes += 1;
+        let slot = *self.ring.get(seq);
+        self.ring.complete_through(seq, status, vendor_err);
+        if status != WC_SUCCESS && self.failed.is_none() {
+            self.failed = Some(status);
+        }
+        if slot.has(Slot::INTERNAL) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
+            CqeOutcome::Hidden
+        } else {
+            CqeOutcome::Visible { wr_id: slot.wr_id }
+        }
+    }
+
+    /// Stops taking WRs; parked ones will be released as never posted.
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// The next release, in post order, if one is due.
+    #[inline]
+    pub fn next_release(&mut self) -> Option<Release> {
+        while let Some((_, slot)) = self.ring.pop_done() {
+            if slot.has(Slot::INTERNAL) {
+                continue;
+            }
+            self.released += 1;
+            return Some(Release {
+                wr_id: slot.wr_id,
+                status: slot.status,
+                opcode: slot.opcode,
+                vendor_err: slot.vendor_err,
+                implied: !slot.has(Slot::OWN_CQE),
+                never_posted: false,
+            });
+        }
+        if self.closed().is_some() && self.ring.outstanding() == 0 && !self.backlog.is_empty() {
+            let e = self.backlog.get_mut(0);
+            let r = Release {
+                wr_id: e.wr_id(),
+                status: WC_WR_FLUSH_ERR,
+                opcode: e.wc_opcode(),
+                vendor_err: 0,
+                implied: false,
+                never_posted: true,
+            };
+            self.backlog.pop_front(1);
+            self.released += 1;
+            return Some(r);
+        }
+        None
+    }
+}
+
+/// Completion barriers: actions that wait until `released` reaches a target.
+#[derive(Debug)]
+pub struct Barriers<D> {
+    waiting: VecDeque<(u64, D)>,
+}
+
+impl<D> Default for Barriers<D> {
+    fn default() -> Self {
+        Barriers { waiting: VecDeque::new() }
+    }
+}
+
+impl<D> Barriers<D> {
+    pub fn push(&mut self, target: u64, action: D) {
+        debug_assert!(self.waiting.back().map_or(true, |(t, _)| *t <= target));
+        self.waiting.push_back((target, action));
+    }
+    /// The oldest action whose target `released` has reached.
+    #[inline]
+    pub fn pop_ready(&mut self, released: u64) -> Option<D> {
+        match self.waiting.front() {
+            Some((t, _)) if *t <= released => self.waiting.pop_front().map(|(_, d)| d),
+            _ => None,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}

@@ -1,0 +1,45 @@
+//! C callbacks held by the library: a function pointer and its context, called from safe code.
+
+use std::ffi::c_void;
+
+use crate::completion::Completion;
+
+/// `sqd_release_fn` and its context.
+#[derive(Debug, Clone, Copy)]
+pub struct ForeignRelease {
+    f: unsafe extern "C" fn(*mut c_void, *const Completion),
+    ctx: *mut c_void,
+}
+
+impl ForeignRelease {
+    /// # Safety
+    /// `f` may be called with `ctx` and a pointer to a valid `Completion`, from the thread that polls, for as
+    /// long as the queue exists.
+    pub unsafe fn new(f: unsafe extern "C" fn(*mut c_void, *const Completion), ctx: *mut c_void) -> ForeignRelease {
+        ForeignRelease { f, ctx }
+    }
+    #[inline]
+    pub fn call(&self, c: &Completion) {
+        // SAFETY: the constructor's contract.
+        unsafe { (self.f)(self.ctx, c) }
+    }
+}
+
+/// A deferred C function and its context.
+#[derive(Debug, Clone, Copy)]
+pub struct ForeignDeferred {
+    f: unsafe extern "C" fn(*mut c_void),
+    ctx: *mut c_void,
+}
+
+impl ForeignDeferred {
+    /// # Safety
+    /// `f` may be called once with `ctx`, later, from the thread that polls or posts.
+    pub unsafe fn new(f: unsafe extern "C" fn(*mut c_void), ctx: *mut c_void) -> ForeignDeferred {
+        ForeignDeferred { f, ctx }
+    }
+    pub fn call(self) {
+        // SAFETY: the constructor's contract.
+        unsafe { (self.f)(self.ctx) }
+    }
+}

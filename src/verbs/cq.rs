@@ -1,0 +1,59 @@
+//! A completion queue reached through its context's ops table.
+
+use std::ptr::NonNull;
+
+use rdma_sys::{ibv_cq, ibv_wc};
+
+use crate::error::{Error, Result};
+
+type PollFn = unsafe extern "C" fn(*mut ibv_cq, i32, *mut ibv_wc) -> i32;
+
+#[derive(Debug)]
+pub struct CqHandle {
+    cq: NonNull<ibv_cq>,
+    poll: PollFn,
+    capacity: u32,
+}
+
+impl CqHandle {
+    /// Wraps a CQ.
+    ///
+    /// # Safety
+    /// `cq` is NULL or a valid `struct ibv_cq` whose `context` is valid, and both stay valid and at the same
+    /// address for the handle's lifetime.
+    pub unsafe fn from_raw(cq: *mut ibv_cq) -> Result<CqHandle> {
+        let cq = NonNull::new(cq).ok_or_else(|| Error::invalid("cq is NULL"))?;
+        // SAFETY: the caller promises `cq` is a valid CQ; we only read its fields.
+        let (ctx, cqe) = unsafe { ((*cq.as_ptr()).context, (*cq.as_ptr()).cqe) };
+        if ctx.is_null() {
+            return Err(Error::invalid("cq->context is NULL: not a CQ made by a verbs provider"));
+        }
+        // SAFETY: a valid CQ's context is a valid `struct ibv_context` (the caller's promise).
+        let poll = unsafe { (*ctx).ops.poll_cq }.ok_or_else(|| Error::invalid("the CQ's provider has no poll_cq op"))?;
+        if cqe <= 0 {
+            return Err(Error::invalid(format!("cq->cqe is {cqe}: a CQ must hold at least one CQE")));
+        }
+        Ok(CqHandle { cq, poll, capacity: cqe as u32 })
+    }
+
+    /// The CQE capacity the provider granted (`cq->cqe` at attach time).
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn as_ptr(&self) -> *mut ibv_cq {
+        self.cq.as_ptr()
+    }
+
+    /// Polls up to `out.len()` CQEs into `out`.
+    #[inline]
+    pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
+        let n = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: the handle's contract keeps the CQ valid; `out` is writable for `n` entries.
+        let got = unsafe { (self.poll)(self.cq.as_ptr(), n, out.as_mut_ptr()) };
+        if got < 0 {
+            return Err(Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error")));
+        }
+        Ok((got as usize).min(out.len()))
+    }
+}

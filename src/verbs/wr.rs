@@ -1,0 +1,174 @@
+//! Borrowed WR chains: the ULP's `ibv_send_wr` / `ibv_recv_wr` lists for the duration of one post call.
+//!
+//! The queue rewrites a WR's `wr_id` and `send_flags`, and cuts the chain with `next`, while it posts; it puts
+//! every field back before the call returns, so the ULP finds its chain exactly as it passed it.
+
+use std::marker::PhantomData;
+use std::ptr::{self, NonNull};
+
+use rdma_sys::{ibv_recv_wr, ibv_send_wr, ibv_sge};
+
+use crate::discipline::check::WrShape;
+
+/// A chain of send WRs lent by the ULP for one call.
+pub struct SendChain<'a> {
+    head: Option<NonNull<ibv_send_wr>>,
+    _chain: PhantomData<&'a mut ibv_send_wr>,
+}
+
+impl<'a> SendChain<'a> {
+    /// # Safety
+    /// `head` is NULL or the first of a NULL-terminated chain of valid `ibv_send_wr`s, each writable, whose
+    /// `sg_list` (when `num_sge > 0` and non-NULL) points to `num_sge` readable `ibv_sge`s, and whose inline
+    /// SGEs (with `IBV_SEND_INLINE`) point to readable bytes; nobody else touches them for `'a`.
+    pub unsafe fn from_raw(head: *mut ibv_send_wr) -> SendChain<'a> {
+        SendChain { head: NonNull::new(head), _chain: PhantomData }
+    }
+    pub fn first(&self) -> Option<WrPtr<'a>> {
+        self.head.map(|p| WrPtr { p, _chain: PhantomData })
+    }
+}
+
+/// One WR of a lent chain.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct WrPtr<'a> {
+    p: NonNull<ibv_send_wr>,
+    _chain: PhantomData<&'a mut ibv_send_wr>,
+}
+
+// Every accessor below reads or writes one field through the raw pointer: no reference to the WR is ever held,
+// so copies of a `WrPtr` never alias a live reference.
+impl<'a> WrPtr<'a> {
+    #[inline]
+    pub fn as_ptr(self) -> *mut ibv_send_wr {
+        self.p.as_ptr()
+    }
+    #[inline]
+    pub fn next(self) -> Option<WrPtr<'a>> {
+        // SAFETY: the chain's contract makes every WR readable for 'a.
+        let n = unsafe { ptr::addr_of!((*self.p.as_ptr()).next).read() };
+        NonNull::new(n).map(|p| WrPtr { p, _chain: PhantomData })
+    }
+    #[inline]
+    pub fn set_next(self, next: Option<WrPtr<'a>>) {
+        let n = next.map_or(ptr::null_mut(), |w| w.as_ptr());
+        // SAFETY: the chain's contract makes every WR writable for 'a.
+        unsafe { ptr::addr_of_mut!((*self.p.as_ptr()).next).write(n) }
+    }
+    #[inline]
+    pub fn wr_id(self) -> u64 {
+        // SAFETY: readable for 'a.
+        unsafe { ptr::addr_of!((*self.p.as_ptr()).wr_id).read() }
+    }
+    #[inline]
+    pub fn set_wr_id(self, v: u64) {
+        // SAFETY: writable for 'a.
+        unsafe { ptr::addr_of_mut!((*self.p.as_ptr()).wr_id).write(v) }
+    }
+    #[inline]
+    pub fn send_flags(self) -> u32 {
+        // SAFETY: readable for 'a.
+        unsafe { ptr::addr_of!((*self.p.as_ptr()).send_flags).read() }
+    }
+    #[inline]
+    pub fn set_send_flags(self, v: u32) {
+        // SAFETY: writable for 'a.
+        unsafe { ptr::addr_of_mut!((*self.p.as_ptr()).send_flags).write(v) }
+    }
+    #[inline]
+    pub fn shape(self) -> WrShape {
+        let w = self.p.as_ptr();
+        // SAFETY: readable for 'a; plain field reads.
+        unsafe {
+            WrShape {
+                opcode: ptr::addr_of!((*w).opcode).read(),
+                send_flags: ptr::addr_of!((*w).send_flags).read(),
+                num_sge: ptr::addr_of!((*w).num_sge).read(),
+                sg_list_null: ptr::addr_of!((*w).sg_list).read().is_null(),
+            }
+        }
+    }
+    /// The SGE list; call only after `check_shape` accepted the WR (num_sge in range, list non-NULL if needed).
+    #[inline]
+    pub fn sges(self) -> &'a [ibv_sge] {
+        let w = self.p.as_ptr();
+        // SAFETY: readable for 'a; the caller checked num_sge >= 0 and a non-NULL list when num_sge > 0.
+        unsafe {
+            let n = ptr::addr_of!((*w).num_sge).read();
+            let list = ptr::addr_of!((*w).sg_list).read();
+            if n <= 0 || list.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(list, n as usize)
+            }
+        }
+    }
+    /// Total bytes the SGEs describe.
+    #[inline]
+    pub fn total_len(self) -> u64 {
+        self.sges().iter().map(|s| s.length as u64).sum()
+    }
+    /// Copies the whole WR structure (for the backlog).
+    pub(crate) fn read_struct(self) -> ibv_send_wr {
+        // SAFETY: readable for 'a; `ibv_send_wr` is plain data (pointers and integers).
+        unsafe { ptr::read(self.p.as_ptr()) }
+    }
+}
+
+/// A chain of receive WRs lent by the ULP for one call.
+pub struct RecvChain<'a> {
+    head: Option<NonNull<ibv_recv_wr>>,
+    _chain: PhantomData<&'a mut ibv_recv_wr>,
+}
+
+impl<'a> RecvChain<'a> {
+    /// # Safety
+    /// `head` is NULL or the first of a NULL-terminated chain of valid, writable `ibv_recv_wr`s that nobody else
+    /// touches for `'a`.
+    pub unsafe fn from_raw(head: *mut ibv_recv_wr) -> RecvChain<'a> {
+        RecvChain { head: NonNull::new(head), _chain: PhantomData }
+    }
+    pub fn first(&self) -> Option<RecvWrPtr<'a>> {
+        self.head.map(|p| RecvWrPtr { p, _chain: PhantomData })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RecvWrPtr<'a> {
+    p: NonNull<ibv_recv_wr>,
+    _chain: PhantomData<&'a mut ibv_recv_wr>,
+}
+
+impl<'a> RecvWrPtr<'a> {
+    #[inline]
+    pub fn as_ptr(self) -> *mut ibv_recv_wr {
+        self.p.as_ptr()
+    }
+    #[inline]
+    pub fn next(self) -> Option<RecvWrPtr<'a>> {
+        // SAFETY: readable for 'a.
+        let n = unsafe { ptr::addr_of!((*self.p.as_ptr()).next).read() };
+        NonNull::new(n).map(|p| RecvWrPtr { p, _chain: PhantomData })
+    }
+    #[inline]
+    pub fn set_next(self, next: Option<RecvWrPtr<'a>>) {
+        let n = next.map_or(ptr::null_mut(), |w| w.as_ptr());
+        // SAFETY: writable for 'a.
+        unsafe { ptr::addr_of_mut!((*self.p.as_ptr()).next).write(n) }
+    }
+    #[inline]
+    pub fn wr_id(self) -> u64 {
+        // SAFETY: readable for 'a.
+        unsafe { ptr::addr_of!((*self.p.as_ptr()).wr_id).read() }
+    }
+    #[inline]
+    pub fn set_wr_id(self, v: u64) {
+        // SAFETY: writable for 'a.
+        unsafe { ptr::addr_of_mut!((*self.p.as_ptr()).wr_id).write(v) }
+    }
+    #[inline]
+    pub fn num_sge(self) -> (i32, bool) {
+        // SAFETY: readable for 'a.
+        unsafe { (ptr::addr_of!((*self.p.as_ptr()).num_sge).read(), ptr::addr_of!((*self.p.as_ptr()).sg_list).read().is_null()) }
+    }
+}
