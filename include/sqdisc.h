@@ -14,9 +14,313 @@
 #define SQD_VERSION_MINOR 1
 #define SQD_VERSION_PATCH 0
 
+/**
+ * The WR was retired by a later signaled completion, not a CQE of its own.
+ */
+#define SQD_COMPLETION_IMPLIED 1
+
+/**
+ * The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
+ * `IBV_WC_WR_FLUSH_ERR`.
+ */
+#define SQD_COMPLETION_NEVER_POSTED 2
+
+/**
+ * The WR was a receive (posted with `sqd_post_recv`).
+ */
+#define SQD_COMPLETION_RECV 4
+
+/**
+ * An `ibv_cq` under management.
+ *
+ * Not thread-safe: a CQ and the queues on it are used from one thread at a time.
+ */
+struct sqd_cq;
+
+/**
+ * The managed send queue (and optionally receive queue) of one RC QP.
+ *
+ * Not thread-safe: used from the thread that uses its CQs. Dropping it detaches it from its CQs; call
+ * [`Queue::check_free`] first, since WRs still outstanding would then complete as strays.
+ */
+struct sqd_queue;
+
+/**
+ * Counters of a managed CQ (`struct sqd_cq_stats` in C).
+ */
+struct sqd_cq_stats {
+    /**
+     * CQEs the provider granted (`cq->cqe` at `sqd_cq_new`).
+     */
+    uint64_t capacity;
+    /**
+     * CQEs reserved by the attached queues' worst cases.
+     */
+    uint64_t reserved;
+    /**
+     * Queues attached (a queue whose sends and receives both complete here counts once).
+     */
+    uint32_t queues;
+    uint32_t _reserved0;
+    /**
+     * Calls to `sqd_cq_poll`.
+     */
+    uint64_t polls;
+    /**
+     * CQEs reaped from the provider.
+     */
+    uint64_t cqes;
+    /**
+     * Work completions handed to the ULP.
+     */
+    uint64_t visible;
+    /**
+     * CQEs the library added (moderation, markers) and did not show.
+     */
+    uint64_t hidden;
+    /**
+     * CQEs of QPs not managed on this CQ, returned unchanged.
+     */
+    uint64_t passthrough;
+    /**
+     * CQEs of a managed QP that match no outstanding WR: dropped and counted (a provider or ULP bug).
+     */
+    uint64_t stray;
+    /**
+     * Idle-tail markers posted by `sqd_cq_poll`.
+     */
+    uint64_t tail_markers;
+};
+
+/**
+ * The release of one WR (`struct sqd_completion` in C).
+ *
+ * After its release, and not before, the ULP may reuse the WR's buffers, lkeys and MRs.
+ */
+struct sqd_completion {
+    /**
+     * The ULP's own wr_id.
+     */
+    uint64_t wr_id;
+    /**
+     * An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, or `IBV_WC_WR_FLUSH_ERR`.
+     */
+    uint32_t status;
+    /**
+     * An `enum ibv_wc_opcode` value taken from the WR as posted (valid even on error); for receives, the CQE's
+     * opcode on success and `IBV_WC_RECV` otherwise.
+     */
+    uint32_t opcode;
+    /**
+     * The vendor error of the WR's own error CQE, else 0.
+     */
+    uint32_t vendor_err;
+    /**
+     * `SQD_COMPLETION_*` bits.
+     */
+    uint32_t flags;
+};
+
+/**
+ * A release callback: `c` is valid only during the call. It runs on the thread that polls (or posts, defers or
+ * drains) and may call the API again, including posting on the same queue.
+ */
+typedef void (*sqd_release_fn)(void *ctx, const struct sqd_completion *c);
+
+/**
+ * How to manage a QP (`struct sqd_queue_attr`). Depths are what the QP was actually granted: read the caps
+ * back from `ibv_create_qp`'s `init_attr.cap`.
+ */
+struct sqd_queue_attr {
+    /**
+     * The QP's `max_send_wr`: the library never lets the provider hold more WQEs. 1..=1048576.
+     */
+    uint32_t sq_depth;
+    /**
+     * The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`).
+     */
+    uint32_t max_send_sge;
+    /**
+     * The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`).
+     */
+    uint32_t max_inline_data;
+    /**
+     * The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0.
+     */
+    uint32_t rq_depth;
+    /**
+     * At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+     */
+    uint32_t signal_interval;
+    /**
+     * How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
+     * with `-EAGAIN`. The backlog's storage is allocated here, once.
+     */
+    uint32_t backlog_depth;
+    /**
+     * Called once per accepted WR (and receive), in post order, when its resources may be reused. May be NULL.
+     */
+    sqd_release_fn release;
+    /**
+     * Passed to `release`.
+     */
+    void *release_ctx;
+    /**
+     * Reserved: must be 0.
+     */
+    uint32_t flags;
+};
+
+/**
+ * A deferred action (see `sqd_defer`).
+ */
+typedef void (*sqd_defer_fn)(void *ctx);
+
+/**
+ * Counters and state of a queue (`struct sqd_queue_stats` in C).
+ */
+struct sqd_queue_stats {
+    /**
+     * Send WRs accepted (posted or parked).
+     */
+    uint64_t accepted;
+    /**
+     * Send WRs released.
+     */
+    uint64_t released;
+    /**
+     * WQEs handed to the provider, markers included.
+     */
+    uint64_t wqes;
+    /**
+     * Provider post_send calls.
+     */
+    uint64_t doorbells;
+    /**
+     * WQEs signaled because the ULP asked.
+     */
+    uint64_t signaled_by_ulp;
+    /**
+     * WQEs signaled by the moderation policy (interval or last free slot).
+     */
+    uint64_t signaled_by_policy;
+    /**
+     * Zero-length signaled markers posted to cover an idle unsignaled tail or a drain.
+     */
+    uint64_t markers;
+    /**
+     * Send CQEs reaped.
+     */
+    uint64_t send_cqes;
+    /**
+     * WRs that went through the backlog.
+     */
+    uint64_t parked;
+    /**
+     * WRs refused with EAGAIN (no credit, backlog full).
+     */
+    uint64_t refused;
+    /**
+     * Most WRs in the backlog at once.
+     */
+    uint64_t backlog_peak;
+    /**
+     * Receives posted.
+     */
+    uint64_t recv_posted;
+    /**
+     * Receive CQEs reaped.
+     */
+    uint64_t recv_cqes;
+    /**
+     * CQEs of this QP that matched no outstanding WR.
+     */
+    uint64_t stray_cqes;
+    /**
+     * WQEs the provider holds now (no CQE polled at or after them yet).
+     */
+    uint32_t in_provider;
+    /**
+     * Free SQ slots now.
+     */
+    uint32_t credits;
+    /**
+     * WRs in the backlog now.
+     */
+    uint32_t backlog;
+    /**
+     * Receives posted and not yet released.
+     */
+    uint32_t recv_outstanding;
+    /**
+     * Deferred actions waiting.
+     */
+    uint32_t deferred;
+    /**
+     * The signal interval in force.
+     */
+    uint32_t signal_interval;
+    /**
+     * An `enum ibv_wc_status` if a completion failed the queue, else 0.
+     */
+    uint32_t failed_status;
+    /**
+     * 1 when the queue takes no more WRs (failed or draining).
+     */
+    uint32_t closed;
+};
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Takes `cq` under management and stores the new handle in `*out`.
+ *
+ * The capacity is `cq->cqe`, the depth the provider granted. Queues attached to the CQ reserve their worst
+ * case on it (see `sqd_queue_new`); CQEs of QPs that are not managed on it are passed through unchanged.
+ *
+ * Ownership: `cq` stays the caller's and must outlive the handle; free the handle with `sqd_cq_free` before
+ * destroying `cq`. Thread safety: a `struct sqd_cq` and the queues on it are used from one thread at a time.
+ *
+ * Returns 0, or `-EINVAL` (NULL argument, a CQ without a provider context or `poll_cq` op, `cqe <= 0`).
+ */
+int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
+
+/**
+ * Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op.
+ *
+ * Returns 0, or `-EBUSY` while queues are attached or when called from a callback run by this CQ's poll; the
+ * handle then stays valid.
+ */
+int32_t sqd_cq_free(struct sqd_cq *cq);
+
+/**
+ * Polls up to `max` work completions into `wc` and returns how many it stored (0 when there are none).
+ *
+ * They are exactly the completions raw verbs would have given the ULP for the WRs it posted through its
+ * queues: receive completions, send completions of WRs posted with `IBV_SEND_SIGNALED`, and every error or
+ * flush completion, each with the ULP's own `wr_id` (on error completions only `wr_id`, `status`, `qp_num`
+ * and `vendor_err` are valid, as in verbs). Completions the library added for moderation are not shown.
+ *
+ * Meanwhile it runs the release callbacks and deferred actions the reaped CQEs make due (in post order per
+ * queue), posts backlogged WRs as credits return, and covers idle unsignaled tails: a queue that has an
+ * unsignaled tail and receives no post during one whole poll cycle gets a signaled zero-length RDMA WRITE.
+ * So every accepted WR is released, without further posts, once its CQE is polled here, at the latest after
+ * the second `sqd_cq_poll` following the post that accepted it.
+ *
+ * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
+ * returns `-EBUSY`.
+ *
+ * Returns the count (>= 0), or `-EINVAL` (NULL `cq`, `max < 0`, NULL `wc` with `max > 0`), `-EBUSY`
+ * (re-entered), `-EIO` (the provider's poll failed: the CQ is in error).
+ */
+int32_t sqd_cq_poll(struct sqd_cq *cq, int32_t max, struct ibv_wc *wc);
+
+/**
+ * Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
 
 /**
  * The message of the calling thread's most recent failed `sqd_*` call, as a NUL-terminated string.
@@ -30,6 +334,98 @@ const char *sqd_last_error(void);
  * The library version, "MAJOR.MINOR.PATCH", as a static NUL-terminated string.
  */
 const char *sqd_version(void);
+
+/**
+ * Puts the RC QP `qp` under management and stores the new queue in `*out`.
+ *
+ * Its sends must complete on `send_cq` (`qp->send_cq`). Its receives are managed when `recv_cq` is non-NULL
+ * (it must be `qp->recv_cq`, which may be the same handle as `send_cq`; `attr->rq_depth` > 0); pass NULL and
+ * `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
+ *
+ * The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
+ * with its own CQE on QP error, plus a drain marker) and `rq_depth` on the receive CQ. If that does not fit in
+ * what the CQ has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
+ *
+ * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
+ * a time, the one that uses the queue's CQs.
+ *
+ * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, nonzero
+ * `flags`, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
+ * already managed on that CQ), `-ENOSPC` (CQ budget).
+ */
+int32_t sqd_queue_new(struct sqd_cq *send_cq,
+                      struct sqd_cq *recv_cq,
+                      struct ibv_qp *qp,
+                      const struct sqd_queue_attr *attr,
+                      struct sqd_queue **out);
+
+/**
+ * Frees a queue (not its QP). NULL is a no-op.
+ *
+ * Returns 0, or `-EBUSY` while WRs or receives are outstanding (not yet released: poll, or drain, first) or
+ * when called from one of the queue's own callbacks; the queue then stays valid.
+ */
+int32_t sqd_queue_free(struct sqd_queue *q);
+
+/**
+ * Hands a chain of send WRs to the queue instead of `ibv_post_send`.
+ *
+ * Each WR in turn is checked, then either posted (all WRs posted by one call go to the provider with one
+ * doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
+ * reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
+ * it is accepted: it will get exactly one release. The library owns the wr_id and may add
+ * `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
+ *
+ * Until its release, a WR's data buffers, lkeys and MRs must stay valid and unchanged: the HCA may read them
+ * again for a retransmission.
+ *
+ * On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
+ * were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
+ * opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
+ * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
+ * slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
+ * negated errno.
+ */
+int32_t sqd_post_send(struct sqd_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+
+/**
+ * Posts a chain of receives on a queue that manages them (`rq_depth` > 0), instead of `ibv_post_recv`.
+ *
+ * Each receive gets exactly one release (flag `SQD_COMPLETION_RECV`), in post order, and its completion is
+ * returned by `sqd_cq_poll` with your wr_id. On failure `*bad_wr` is the first receive not posted. Returns 0,
+ * or `-EINVAL` (NULL argument, queue without managed receives, bad `num_sge`/`sg_list`), `-EAGAIN` (more
+ * receives than `rq_depth` outstanding), or the provider's negated errno.
+ */
+int32_t sqd_post_recv(struct sqd_queue *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+
+/**
+ * A completion barrier: runs `fn(ctx)` once every send WR accepted on the queue so far is released — right
+ * after the last of those releases, before any later one. If they all are already, it runs before this call
+ * returns. Deferred MR deregistration or invalidation and "buffer may be reused" hooks are built on it.
+ *
+ * Returns 0 or `-EINVAL` (NULL `q` or `fn`).
+ */
+int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
+
+/**
+ * Brings the queue to "everything released", as the kernel's drain does.
+ *
+ * Move the QP to the error state first (so outstanding WRs flush) or not (they complete normally). From
+ * this call on the queue takes no new WRs (`-EIO`); an unsignaled tail is covered at once by a signaled
+ * marker so a CQE proves every posted WR finished; WRs still in the backlog are released as never posted
+ * (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
+ * (flush) completions arrive. The call never blocks.
+ *
+ * Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
+ * still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
+ * posted).
+ */
+int32_t sqd_queue_drain(struct sqd_queue *q);
+
+/**
+ * Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"
