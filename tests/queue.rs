@@ -1,0 +1,289 @@
+//! The semantics contract of a managed queue, on the scripted device.
+
+mod common;
+
+use common::*;
+use sqdisc::{SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED};
+
+#[test]
+fn credits_are_never_exceeded_and_the_backlog_keeps_order() {
+    let rig = Rig::new(config(8, 4, 32), 64);
+    rig.post(&mut Chain::sends(0..20, 0)).unwrap();
+    let st = rig.q().stats();
+    assert_eq!((st.accepted, st.in_provider, st.backlog), (20, 8, 12));
+    // Drive completions a few WQEs at a time until everything is released.
+    for _ in 0..100 {
+        rig.complete(3);
+        rig.poll_all();
+        if rig.log.borrow().len() == 20 {
+            break;
+        }
+    }
+    assert_eq!(rig.released_ids(), (0..20).collect::<Vec<_>>(), "released exactly once, in post order");
+    let dq = rig.dev.qp_stats(rig.qp).unwrap();
+    assert!(dq.max_outstanding <= 8, "the provider held {} WQEs, more than sq_depth", dq.max_outstanding);
+    rig.assert_no_violations();
+    // The provider saw the WRs in post order (markers aside).
+    let ids: Vec<u64> = (0..dq.wqes_posted as usize)
+        .map(|i| rig.dev.wqe(rig.qp, i).unwrap())
+        .filter(|w| w.opcode == WR_SEND)
+        .map(|w| w.wr_id)
+        .collect();
+    assert_eq!(ids.len(), 20);
+    let st = rig.q().stats();
+    assert_eq!((st.parked, st.backlog_peak, st.backlog, st.released), (12, 12, 0, 20));
+}
+
+#[test]
+fn without_backlog_eagain_names_exactly_the_first_wr_not_taken() {
+    let rig = Rig::new(config(6, 2, 0), 64);
+    let mut chain = Chain::sends(100..110, 0);
+    let (errno, bad) = rig.post(&mut chain).unwrap_err();
+    assert_eq!((errno, bad), (libc::EAGAIN, Some(6)));
+    assert_eq!(rig.q().stats().accepted, 6);
+    assert_eq!(rig.dev.qp_stats(rig.qp).unwrap().wqes_posted, 6);
+    // The chain is the ULP's again, exactly: wr_ids, flags and links.
+    for (i, w) in chain.wrs.iter().enumerate() {
+        assert_eq!(w.wr_id, 100 + i as u64);
+        assert_eq!(w.send_flags, 0);
+        let expect = if i + 1 < chain.wrs.len() { &chain.wrs[i + 1] as *const _ } else { std::ptr::null() };
+        assert_eq!(w.next as *const _, expect);
+    }
+    // Retrying the same suffix once credits return succeeds.
+    rig.complete(6);
+    rig.poll_all();
+    assert_eq!(rig.released_ids(), (100..106).collect::<Vec<_>>());
+    let mut rest = Chain::sends(106..110, 0);
+    rig.post(&mut rest).unwrap();
+    rig.assert_no_violations();
+}
+
+#[test]
+fn signaling_is_moderated_and_bounded() {
+    let rig = Rig::new(config(64, 8, 0), 128);
+    for round in 0..40u64 {
+        rig.post(&mut Chain::sends(round * 4..round * 4 + 4, 0)).unwrap();
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    let dq = rig.dev.qp_stats(rig.qp).unwrap();
+    // Longest run of unsignaled WQEs stays below the interval.
+    let mut run = 0;
+    for i in 0..dq.wqes_posted as usize {
+        let w = rig.dev.wqe(rig.qp, i).unwrap();
+        run = if w.send_flags & SIGNALED != 0 { 0 } else { run + 1 };
+        assert!(run < 8, "{run} unsignaled WQEs in a row");
+    }
+    // Under steady load the CQEs per WR stay near 1/interval.
+    let st = rig.q().stats();
+    assert!(st.send_cqes * 8 <= st.accepted + 8, "{} CQEs for {} WRs", st.send_cqes, st.accepted);
+    assert_eq!(st.markers, 0, "a queue posting every poll cycle needs no marker");
+}
+
+#[test]
+fn a_lone_unsignaled_wr_is_released_without_further_posts() {
+    let rig = Rig::new(config(16, 4, 0), 64);
+    rig.post(&mut Chain::sends(7..8, 0)).unwrap();
+    assert_eq!(rig.dev.wqe(rig.qp, 0).unwrap().send_flags & SIGNALED, 0, "moderated: posted unsignaled");
+    rig.complete(usize::MAX);
+    assert!(rig.poll_all().is_empty());
+    assert!(rig.log.borrow().is_empty(), "no CQE covers it yet");
+    assert!(rig.poll_all().is_empty(), "second poll: the idle tail gets a marker, which is not shown");
+    let st = rig.q().stats();
+    assert_eq!(st.markers, 1);
+    rig.complete(usize::MAX);
+    assert!(rig.poll_all().is_empty(), "the marker's CQE is hidden");
+    let log = rig.log.borrow();
+    assert_eq!(log.len(), 1);
+    assert_eq!((log[0].wr_id, log[0].status, log[0].flags & SQD_COMPLETION_IMPLIED), (7, WC_SUCCESS, SQD_COMPLETION_IMPLIED));
+}
+
+#[test]
+fn poll_shows_what_raw_verbs_would_and_releases_are_ordered_with_implied_flags() {
+    let rig = Rig::new(config(16, 4, 0), 64);
+    // 0,1 unsignaled, 2 asked signaled by the ULP, 3..=6 moderated (6 signaled by the interval).
+    let mut c = Chain::sends(0..2, 0).push(2, WR_SEND, SIGNALED, &[8]);
+    for id in 3..7 {
+        c = c.push(id, WR_SEND, 0, &[8]);
+    }
+    rig.post(&mut c).unwrap();
+    rig.complete(usize::MAX);
+    let shown = rig.poll_all();
+    assert_eq!(shown, vec![(2, WC_SUCCESS, WC_SEND)], "only the WR the ULP signaled is shown, with its wr_id");
+    let log = rig.log.borrow();
+    assert_eq!(log.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..7).collect::<Vec<_>>());
+    let implied: Vec<bool> = log.iter().map(|c| c.is_implied()).collect();
+    assert_eq!(implied, vec![true, true, false, true, true, true, false]);
+    assert!(log.iter().all(|c| c.status == WC_SUCCESS && c.opcode == WC_SEND));
+}
+
+#[test]
+fn an_error_in_the_middle_fails_the_queue_and_flushes_in_order() {
+    let rig = Rig::new(config(16, 4, 8), 64);
+    rig.post(&mut Chain::sends(0..16, 0)).unwrap();
+    rig.post(&mut Chain::sends(16..20, 0)).unwrap(); // parked: no credit
+    assert_eq!(rig.q().stats().backlog, 4);
+    rig.complete(5); // 0..=4 execute; 3 was signaled by the interval
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 0x42).unwrap(); // 5 fails, 6..16 flush
+    let shown = rig.poll_all();
+    // The CQE of 3 freed four slots before the error CQE was reaped, so 16..20 left the backlog into the
+    // (already failed) QP and flush too. Raw verbs shows the error CQE and a flush CQE for every later WR,
+    // signaled or not.
+    let mut expect = vec![(5, WC_REM_ACCESS_ERR)];
+    expect.extend((6..20).map(|i| (i, WC_WR_FLUSH_ERR)));
+    assert_eq!(shown.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(), expect);
+    let log = rig.log.borrow();
+    assert_eq!(log.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
+    assert!(log[..5].iter().all(|c| c.status == WC_SUCCESS));
+    assert_eq!((log[5].status, log[5].vendor_err, log[5].opcode), (WC_REM_ACCESS_ERR, 0x42, WC_SEND));
+    assert!(log[6..].iter().all(|c| c.status == WC_WR_FLUSH_ERR && c.flags == 0 && c.opcode == WC_SEND));
+    drop(log);
+    let (errno, bad) = rig.post(&mut Chain::sends(30..31, 0)).unwrap_err();
+    assert_eq!((errno, bad), (libc::EIO, Some(0)));
+    rig.q().check_free().unwrap();
+    rig.assert_no_violations();
+}
+
+#[test]
+fn backlog_wrs_of_a_failed_queue_are_released_as_never_posted_after_the_posted_ones() {
+    let rig = Rig::new(config(8, 4, 8), 64);
+    rig.post(&mut Chain::sends(0..13, 0)).unwrap(); // 8 posted, 5 parked
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 1).unwrap(); // 0 fails, 1..8 flush
+    let shown = rig.poll_all();
+    assert_eq!(shown.len(), 8, "only posted WRs have completions: {shown:?}");
+    let log = rig.log.borrow();
+    assert_eq!(log.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..13).collect::<Vec<_>>());
+    assert!(log[..8].iter().all(|c| !c.never_posted()));
+    assert!(log[8..].iter().all(|c| c.status == WC_WR_FLUSH_ERR && c.flags & SQD_COMPLETION_NEVER_POSTED != 0));
+    assert_eq!(rig.dev.qp_stats(rig.qp).unwrap().wqes_posted, 8, "the parked WRs never reached the provider");
+}
+
+#[test]
+fn a_release_callback_may_post_on_its_own_queue() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    // Each release of WR n posts WR n + 1 from inside the callback, until 50.
+    let dev = sqdisc::scripted::ScriptedDevice::new();
+    use sqdisc::scripted::Scriptable;
+    let cq_raw = dev.create_cq(64).unwrap();
+    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
+    let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
+    let seen: Rc<RefCell<Vec<u64>>> = Rc::default();
+    let (slot2, seen2) = (slot.clone(), seen.clone());
+    let handler = sqdisc::ReleaseHandler::Closure(Box::new(move |c: &sqdisc::Completion| {
+        seen2.borrow_mut().push(c.wr_id);
+        if c.wr_id < 50 {
+            let q = slot2.borrow().clone().unwrap();
+            let mut ch = Chain::sends(c.wr_id + 1..c.wr_id + 2, 0);
+            let head = ch.link();
+            q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+        }
+    }));
+    let q = Rc::new(sqdisc::Queue::new(&cq, None, unsafe { sqdisc::verbs::QpHandle::from_raw(qp) }.unwrap(), config(4, 2, 0), Some(handler)).unwrap());
+    *slot.borrow_mut() = Some(q.clone());
+    let mut first = Chain::sends(0..1, SIGNALED);
+    let head = first.link();
+    q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+    for _ in 0..500 {
+        dev.complete(qp, usize::MAX).unwrap();
+        let mut wc: [rdma_sys::ibv_wc; 8] = unsafe { std::mem::zeroed() };
+        cq.poll(&mut wc).unwrap();
+        if seen.borrow().len() == 51 {
+            break;
+        }
+    }
+    assert_eq!(*seen.borrow(), (0..=50).collect::<Vec<_>>());
+    assert!(dev.violations().is_empty());
+    slot.borrow_mut().take();
+}
+
+#[test]
+fn cq_budget_refuses_a_queue_that_does_not_fit() {
+    let rig = Rig::new(config(16, 4, 0), 40); // reserves 17 of 40
+    let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(32, 1)).unwrap();
+    let qh = unsafe { sqdisc::verbs::QpHandle::from_raw(qp2) }.unwrap();
+    let err = sqdisc::Queue::new(&rig.cq, None, qh, config(32, 0, 0), None).err().expect("ENOSPC");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(err.message().contains("holds 40") && err.message().contains("needs 33"), "{}", err.message());
+    let qh = unsafe { sqdisc::verbs::QpHandle::from_raw(qp2) }.unwrap();
+    let q2 = sqdisc::Queue::new(&rig.cq, None, qh, config(22, 0, 0), None).unwrap();
+    assert_eq!(rig.cq.stats().reserved, 40);
+    drop(q2);
+    assert_eq!(rig.cq.stats().reserved, 17);
+}
+
+#[test]
+fn drain_releases_everything_and_free_waits_for_it() {
+    let rig = Rig::new(config(8, 4, 8), 64);
+    rig.post(&mut Chain::sends(0..11, 0)).unwrap(); // 8 posted, 3 parked
+    assert_eq!(rig.q().check_free().unwrap_err().errno(), libc::EBUSY);
+    rig.dev.set_error(rig.qp).unwrap(); // the ULP moves the QP to error
+    assert_eq!(rig.q().drain().unwrap_err().errno(), libc::EINPROGRESS);
+    let shown = rig.poll_all();
+    assert_eq!(shown.len(), 8, "every posted WR flushes visibly");
+    rig.q().drain().unwrap();
+    let log = rig.log.borrow();
+    assert_eq!(log.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..11).collect::<Vec<_>>());
+    assert!(log[8..].iter().all(|c| c.never_posted()));
+    drop(log);
+    rig.q().check_free().unwrap();
+}
+
+#[test]
+fn drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once() {
+    let rig = Rig::new(config(16, 8, 0), 64);
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    assert_eq!(rig.q().drain().unwrap_err().errno(), libc::EINPROGRESS);
+    assert_eq!(rig.q().stats().markers, 1);
+    rig.complete(usize::MAX);
+    assert!(rig.poll_all().is_empty());
+    rig.q().drain().unwrap();
+    assert_eq!(rig.released_ids(), vec![0, 1, 2]);
+}
+
+#[test]
+fn deferred_actions_run_after_every_earlier_wr_and_before_later_ones() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let rig = Rig::new(config(16, 4, 0), 64);
+    let order: Rc<RefCell<Vec<String>>> = Rc::default();
+    let o = order.clone();
+    rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || o.borrow_mut().push("idle".into()))));
+    assert_eq!(*order.borrow(), vec!["idle"], "nothing outstanding: runs at once");
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    let (o, log) = (order.clone(), rig.log.clone());
+    rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || {
+        o.borrow_mut().push(format!("after {} releases", log.borrow().len()))
+    })));
+    rig.post(&mut Chain::sends(3..5, 0)).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    rig.poll_all();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(rig.log.borrow().len(), 5);
+    assert_eq!(*order.borrow(), vec!["idle", "after 3 releases"], "ran after release 2 and before release 3");
+    assert_eq!(rig.q().stats().deferred, 0);
+}
+
+#[test]
+fn receives_are_mapped_released_and_flushed() {
+    let mut cfg = config(8, 4, 0);
+    cfg.rq_depth = 4;
+    let rig = Rig::new(cfg, 64);
+    rig.post_recvs(0..4).unwrap();
+    assert_eq!(rig.post_recvs(4..5).unwrap_err(), libc::EAGAIN);
+    rig.post(&mut Chain::sends(100..101, SIGNALED)).unwrap();
+    rig.dev.deliver(rig.qp, 77, None).unwrap();
+    rig.complete(1);
+    let shown = rig.poll_all();
+    assert!(shown.contains(&(0, WC_SUCCESS, WC_RECV)), "{shown:?}");
+    assert!(shown.contains(&(100, WC_SUCCESS, WC_SEND)), "{shown:?}");
+    rig.dev.set_error(rig.qp).unwrap();
+    let shown = rig.poll_all();
+    assert_eq!(shown, vec![(1, WC_WR_FLUSH_ERR, shown[0].2), (2, WC_WR_FLUSH_ERR, shown[1].2), (3, WC_WR_FLUSH_ERR, shown[2].2)]);
+    let recvs: Vec<u64> = rig.log.borrow().iter().filter(|c| c.is_recv()).map(|c| c.wr_id).collect();
+    assert_eq!(recvs, vec![0, 1, 2, 3]);
+    rig.q().check_free().unwrap();
+}
