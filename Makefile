@@ -1,0 +1,189 @@
+# sqdisc: build, install and check the C library. `make help` lists the targets.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+
+CARGO ?= cargo
+ifeq ($(origin CXX),default)
+CXX := c++
+endif
+NM ?= nm
+OBJCOPY ?= objcopy
+LD_R ?= ld
+AR := ar
+
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DESTDIR ?=
+
+# The version is written once, in Cargo.toml's [package] section.
+VERSION := $(shell awk -F'"' '/^\[/ { pkg = ($$0 == "[package]") } pkg && /^version *=/ { print $$2; exit }' Cargo.toml)
+MAJOR := $(word 1,$(subst ., ,$(VERSION)))
+ifeq ($(VERSION),)
+$(error cannot read the package version from Cargo.toml)
+endif
+
+BUILD := build
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+RELEASE_DIR := $(TARGET_DIR)/release
+
+LIB_SO := libsqdisc.so
+LIB_SONAME := $(LIB_SO).$(MAJOR)
+LIB_REAL := $(LIB_SO).$(VERSION)
+LIB_A := libsqdisc.a
+
+# The staging install that the C tests and examples build against, as a user's system would have it.
+STAGE := $(CURDIR)/$(BUILD)/stage
+STAGE_PREFIX := /usr
+STAGE_LIBDIR := $(STAGE_PREFIX)/lib
+STAGE_VARS := DESTDIR=$(STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
+	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
+STAGE_PKG_CONFIG := PKG_CONFIG_SYSROOT_DIR=$(STAGE) PKG_CONFIG_PATH=$(STAGE)$(STAGE_LIBDIR)/pkgconfig \
+	PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config
+C_STRICT := -std=c11 -Wall -Wextra -Wpedantic -Werror
+
+.PHONY: all help deps test header check-headers check-symbols check-installed-symbols stage c-tests \
+	check-install check demo install uninstall clean cargo-release
+
+help:
+	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
+	@echo 'make check      everything CI runs: deps, cargo test, header/ABI checks, C tests, install round trip'
+	@echo 'make demo       build examples/demo.c against a staged install and run it'
+	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
+	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
+	@echo 'make uninstall  remove what install put there (same variables)'
+	@echo 'make deps       install the Debian packages the build and checks need (as root)'
+	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
+
+all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc
+
+deps:
+	bash scripts/install-deps.sh
+
+# ---- release build ---------------------------------------------------------------------------------------
+
+# One cargo invocation builds the shared and the static library; rustc's note on the native libraries a
+# static link needs (replayed by cargo when nothing was rebuilt) becomes the Libs.private of sqdisc.pc.
+cargo-release:
+	@mkdir -p $(BUILD)
+	$(CARGO) rustc --release --lib -- --print native-static-libs 2>$(BUILD)/cargo-release.log \
+		|| { cat $(BUILD)/cargo-release.log >&2; exit 1; }
+	@grep -v '^note: native-static-libs' $(BUILD)/cargo-release.log >&2 || true
+	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/cargo-release.log | tail -n 1); \
+	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
+	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
+	printf '%s\n' "$$libs" > $(BUILD)/native-static-libs.new; \
+	cmp -s $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs 2>/dev/null \
+		&& rm $(BUILD)/native-static-libs.new || mv $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs
+
+$(BUILD)/lib/$(LIB_REAL): cargo-release
+	@mkdir -p $(@D)
+	cp -f $(RELEASE_DIR)/$(LIB_SO) $@
+	ln -sfn $(LIB_REAL) $(@D)/$(LIB_SONAME)
+	ln -sfn $(LIB_SONAME) $(@D)/$(LIB_SO)
+
+# cargo's staticlib carries the whole Rust standard library with global symbols. Link it into one object,
+# drop the embedded LLVM bitcode (other toolchains' linker plugins choke on it), make every symbol but the
+# sqd_* functions local, and archive that single object.
+$(BUILD)/lib/$(LIB_A): cargo-release
+	@mkdir -p $(@D) $(BUILD)/obj
+	$(LD_R) -r --whole-archive $(RELEASE_DIR)/$(LIB_A) -o $(BUILD)/obj/sqdisc-merged.o
+	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $(BUILD)/obj/sqdisc-merged.o
+	$(NM) -g --defined-only $(BUILD)/obj/sqdisc-merged.o | awk '$$3 ~ /^sqd_/ { print $$3 }' \
+		> $(BUILD)/obj/sqdisc.keep
+	@test -s $(BUILD)/obj/sqdisc.keep || { echo "error: no sqd_* symbol in $(RELEASE_DIR)/$(LIB_A)" >&2; exit 1; }
+	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc.keep $(BUILD)/obj/sqdisc-merged.o $(BUILD)/obj/sqdisc.o
+	rm -f $@ && $(AR) rcs $@ $(BUILD)/obj/sqdisc.o
+
+$(BUILD)/sqdisc.pc: pkgconfig/sqdisc.pc.in cargo-release
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|' \
+	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	    -e 's|@VERSION@|$(VERSION)|' \
+	    -e "s|@LIBS_PRIVATE@|$$(cat $(BUILD)/native-static-libs)|" $< > $@
+
+# ---- install ---------------------------------------------------------------------------------------------
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	install -m 0755 $(BUILD)/lib/$(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_REAL)
+	ln -sfn $(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME)
+	ln -sfn $(LIB_SONAME) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
+	install -m 0644 $(BUILD)/lib/$(LIB_A) $(DESTDIR)$(LIBDIR)/$(LIB_A)
+	install -m 0644 $(wildcard include/*.h) $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 $(BUILD)/sqdisc.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
+	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_A)
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+
+# ---- headers ---------------------------------------------------------------------------------------------
+
+header:
+	SQDISC_UPDATE_HEADERS=1 $(CARGO) test --test header
+
+check-headers:
+	CC='$(CC)' CXX='$(CXX)' bash scripts/check-headers.sh include
+
+# ---- checks ----------------------------------------------------------------------------------------------
+
+test:
+	$(CARGO) test
+
+check-symbols: all
+	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) include
+
+stage:
+	rm -rf $(STAGE)
+	$(MAKE) --no-print-directory install $(STAGE_VARS)
+	touch $(STAGE)/.installed
+
+check-installed-symbols:
+	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(STAGE)$(STAGE_LIBDIR)/$(LIB_SO) \
+		$(STAGE)$(STAGE_LIBDIR)/$(LIB_A) $(STAGE)$(STAGE_PREFIX)/include
+
+c-tests:
+	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR)
+
+check-install:
+	bash scripts/check-install.sh '$(MAKE)'
+
+check:
+	$(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory check-headers
+	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory check-symbols
+	$(MAKE) --no-print-directory stage
+	$(MAKE) --no-print-directory check-installed-symbols
+	$(MAKE) --no-print-directory c-tests
+	$(MAKE) --no-print-directory check-install
+	@echo 'make check: all steps passed'
+
+# ---- examples --------------------------------------------------------------------------------------------
+
+# examples/NAME.c -> build/examples/NAME, built only from the staged install through pkg-config.
+$(BUILD)/examples/%: examples/%.c $(STAGE)/.installed
+	@mkdir -p $(@D)
+	$(CC) $(C_STRICT) -g $$($(STAGE_PKG_CONFIG) --cflags sqdisc) $< -o $@ \
+		$$($(STAGE_PKG_CONFIG) --libs sqdisc) -Wl,-rpath,$(STAGE)$(STAGE_LIBDIR)
+
+$(STAGE)/.installed:
+	$(MAKE) --no-print-directory stage
+
+demo:
+	$(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory stage
+	$(MAKE) --no-print-directory $(BUILD)/examples/demo
+	./$(BUILD)/examples/demo
+
+clean:
+	rm -rf $(BUILD)
+	$(CARGO) clean

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Makes sure the Debian packages that the build, the tests and the C checks use are installed.
+# As root, missing ones are installed with apt-get; otherwise the script fails and names them.
+set -euo pipefail
+
+packages=(
+    libibverbs-dev librdmacm-dev # verbs headers and libraries (rdma-sys, the C headers, C tests)
+    libclang-dev clang           # rdma-sys generates its bindings with libclang
+    pkg-config                   # rdma-sys finds the verbs libraries; C tests use sqdisc.pc
+    valgrind                     # C tests under valgrind
+    gcc g++ make binutils        # C and C++ header checks, sanitizers, ld/objcopy/nm for the static library
+)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "install-deps: not a Debian system; make sure these (or their equivalents) are installed:" >&2
+    echo "  ${packages[*]}" >&2
+    exit 0
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+    [ "$status" = installed ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} system packages present"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing Debian packages: ${missing[*]}" >&2
+    echo "install-deps: run as root, or: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
