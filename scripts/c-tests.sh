@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds every c-tests/*.c against the staged install, only through pkg-config, and runs it four ways:
+#   dynamic   linked to libsqdisc.so, run with LD_LIBRARY_PATH into the stage
+#   static    linked to libsqdisc.a (pkg-config --static), run with no path into the stage
+#   sanitize  the dynamic build with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer
+#   valgrind  the dynamic build under memcheck with full leak checking
+# Probes in c-tests/support first prove that the sanitizers and valgrind really report faults here.
+# usage: c-tests.sh STAGE_DIR LIBDIR_IN_STAGE
+set -euo pipefail
+
+stage=$1 libdir=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$root/build/c-tests
+CC=${CC:-cc}
+CFLAGS_STRICT=(-std=c11 -Wall -Wextra -Wpedantic -Werror -g)
+SANITIZE=(-fsanitize=address,undefined -fno-omit-frame-pointer)
+stage_lib=$stage$libdir
+
+pc() {
+    PKG_CONFIG_SYSROOT_DIR=$stage PKG_CONFIG_PATH=$stage_lib/pkgconfig \
+        PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
+}
+
+if [ ! -f "$stage_lib/pkgconfig/sqdisc.pc" ]; then
+    echo "c-tests: no staged install in $stage (run \`make stage\`)" >&2
+    exit 1
+fi
+read -r -a cflags <<< "$(pc --cflags sqdisc)"
+read -r -a libs <<< "$(pc --libs sqdisc)"
+read -r -a static_libs <<< "$(pc --static --libs sqdisc)"
+# Take libsqdisc from its archive; the system libraries it needs stay shared.
+for i in "${!static_libs[@]}"; do
+    [ "${static_libs[$i]}" = -lsqdisc ] && static_libs[$i]="-Wl,-Bstatic -lsqdisc -Wl,-Bdynamic"
+done
+read -r -a static_libs <<< "${static_libs[*]}"
+
+rm -rf "$out"
+mkdir -p "$out"/{dynamic,static,sanitize,probes,logs}
+passed=0 failed=0
+
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() {
+    echo "FAIL $1"
+    if [ -n "${2:-}" ] && [ -s "$2" ]; then sed 's/^/    | /' "$2" | tail -n 40; fi
+    failed=$((failed + 1))
+}
+
+# run LOG CMD...: runs a built program with the stage's library path; its output goes to LOG.
+run_dyn() { local log=$1; shift; LD_LIBRARY_PATH=$stage_lib "$@" > "$log" 2>&1; }
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=23
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=24
+VALGRIND=(valgrind -q --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=25)
+
+# ---- probes: a skipped check must never look like a passed one -------------------------------------------
+
+probe() { # name source extra-cc-flags... -- expected-text expected-exit [runner...]
+    local name=$1 src=$2; shift 2
+    local flags=()
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    local expect=$1 code=$2; shift 2
+    local exe=$out/probes/$name log=$out/logs/probe-$name.log
+    if ! "$CC" -std=c11 -g "${flags[@]}" "${cflags[@]}" "$src" -o "$exe" "${libs[@]}" > "$log" 2>&1; then
+        fail "probe $name: did not build" "$log"; return
+    fi
+    local rc=0
+    run_dyn "$log" "$@" "$exe" || rc=$?
+    if [ "$rc" -eq "$code" ] && grep -q -- "$expect" "$log"; then
+        pass "probe $name: reported ($expect, exit $rc)"
+    else
+        fail "probe $name: expected exit $code and \"$expect\", got exit $rc" "$log"
+    fi
+}
+support=$root/c-tests/support
+probe asan "$support/probe_overflow.c" "${SANITIZE[@]}" -- "ERROR: AddressSanitizer: heap-buffer-overflow" 23
+probe lsan "$support/probe_leak.c" "${SANITIZE[@]}" -- "ERROR: LeakSanitizer: detected memory leaks" 23
+probe ubsan "$support/probe_ub.c" "${SANITIZE[@]}" -- "runtime error: signed integer overflow" 24
+probe valgrind "$support/probe_leak.c" -- "definitely lost" 25 "${VALGRIND[@]}"
+
+# ---- the tests -----------------------------------------------------------------------------------------------
+
+shopt -s nullglob
+tests=("$root"/c-tests/*.c)
+if [ ${#tests[@]} -eq 0 ]; then
+    echo "c-tests: no c-tests/*.c found" >&2
+    exit 1
+fi
+
+for src in "${tests[@]}"; do
+    t=$(basename "$src" .c)
+    logs=$out/logs/$t
+
+    # dynamic
+    exe=$out/dynamic/$t
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${cflags[@]}" "$src" -o "$exe" "${libs[@]}" > "$logs.dynamic.build" 2>&1; then
+        fail "$t [dynamic]: build" "$logs.dynamic.build"
+        for mode in static sanitize valgrind; do fail "$t [$mode]: not run, the dynamic build failed"; done
+        continue
+    fi
+    resolved=$(LD_LIBRARY_PATH=$stage_lib ldd "$exe" | awk '$1 ~ /^libsqdisc\.so/ { print $3 }')
+    if [[ $resolved != "$stage_lib"/* ]]; then
+        echo "libsqdisc resolves to '$resolved'" > "$logs.dynamic.run"
+        fail "$t [dynamic]: libsqdisc does not come from the stage" "$logs.dynamic.run"
+    elif run_dyn "$logs.dynamic.run" "$exe"; then
+        pass "$t [dynamic]"
+    else
+        fail "$t [dynamic]: exit $?" "$logs.dynamic.run"
+    fi
+
+    # static
+    exe_s=$out/static/$t
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${cflags[@]}" "$src" -o "$exe_s" "${static_libs[@]}" > "$logs.static.build" 2>&1; then
+        fail "$t [static]: build" "$logs.static.build"
+    elif readelf -d "$exe_s" | grep -q 'NEEDED.*libsqdisc'; then
+        readelf -d "$exe_s" > "$logs.static.build"
+        fail "$t [static]: still needs libsqdisc.so" "$logs.static.build"
+    elif env -u LD_LIBRARY_PATH "$exe_s" > "$logs.static.run" 2>&1; then
+        pass "$t [static]"
+    else
+        fail "$t [static]: exit $?" "$logs.static.run"
+    fi
+
+    # sanitize
+    exe_z=$out/sanitize/$t
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${SANITIZE[@]}" "${cflags[@]}" "$src" -o "$exe_z" "${libs[@]}" \
+        > "$logs.sanitize.build" 2>&1; then
+        fail "$t [sanitize]: build" "$logs.sanitize.build"
+    elif ! nm "$exe_z" | grep -q '__asan_init' || ! nm "$exe_z" | grep -q '__ubsan_handle_'; then
+        nm "$exe_z" | grep -E '__(asan|ubsan)' > "$logs.sanitize.build" || true
+        fail "$t [sanitize]: the binary is not instrumented (no __asan_init / __ubsan_handle_*)" "$logs.sanitize.build"
+    elif run_dyn "$logs.sanitize.run" "$exe_z"; then
+        pass "$t [sanitize]"
+    else
+        fail "$t [sanitize]: exit $?" "$logs.sanitize.run"
+    fi
+
+    # valgrind
+    if run_dyn "$logs.valgrind.run" "${VALGRIND[@]}" "$exe"; then
+        pass "$t [valgrind]"
+    else
+        fail "$t [valgrind]: exit $?" "$logs.valgrind.run"
+    fi
+done
+
+echo "c-tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
