@@ -255,7 +255,7 @@ impl CqShared {
         // Queues that callbacks started watching meanwhile are in `watch`: keep them too. (A queue is in the
         // list at most once: it tracks that itself.)
         let mut added = std::mem::replace(&mut st.watch, list);
-        st.watch.extend(added.drain(..));
+        st.watch.append(&mut added);
         st.watch_spare = added;
     }
 }

@@ -599,10 +599,8 @@ impl QueueShared {
                     Some(Item::Deferred(d))
                 } else if let Some(r) = st.send.next_release() {
                     Some(Item::Release(Completion::from((r, false))))
-                } else if let Some(r) = st.recv.as_mut().and_then(|r| r.next_release()) {
-                    Some(Item::Release(Completion::from((r, true))))
                 } else {
-                    None
+                    st.recv.as_mut().and_then(|r| r.next_release()).map(|r| Item::Release(Completion::from((r, true))))
                 }
             };
             match item {

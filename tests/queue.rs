@@ -164,7 +164,6 @@ fn a_release_callback_may_post_on_its_own_queue() {
     use std::rc::Rc;
     // Each release of WR n posts WR n + 1 from inside the callback, until 50.
     let dev = sqdisc::scripted::ScriptedDevice::new();
-    use sqdisc::scripted::Scriptable;
     let cq_raw = dev.create_cq(64).unwrap();
     let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());

@@ -78,10 +78,10 @@ mod tests {
         b.reserve(reservation(32, 16, true, true), "a").unwrap();
         assert_eq!(b.reserved(), 49);
         b.reserve(reservation(32, 16, true, true), "b").unwrap();
-        let e = b.reserve(reservation(1, 0, true, false), "sq_depth 1 + 1 drain marker").unwrap_err();
+        let e = b.reserve(reservation(2, 0, true, false), "sq_depth 2 + 1 drain marker").unwrap_err();
         assert_eq!(e.errno(), libc::ENOSPC);
         assert!(e.message().contains("holds 100"), "{}", e.message());
-        assert!(e.message().contains("needs 2"), "{}", e.message());
+        assert!(e.message().contains("needs 3") && e.message().contains("1 short"), "{}", e.message());
         assert!(e.message().contains("2 are free"), "{}", e.message());
         b.release(49);
         b.reserve(2, "c").unwrap();
