@@ -286,3 +286,52 @@ fn receives_are_mapped_released_and_flushed() {
     assert_eq!(recvs, vec![0, 1, 2, 3]);
     rig.q().check_free().unwrap();
 }
+
+#[test]
+fn the_wr_that_takes_the_last_slot_is_signaled() {
+    let rig = Rig::new(config(4, 4, 0), 16);
+    rig.post(&mut Chain::sends(0..1, 0).push(1, WR_SEND, SIGNALED, &[8]).push(2, WR_SEND, 0, &[8]).push(3, WR_SEND, 0, &[8]))
+        .unwrap();
+    let flags: Vec<bool> = (0..4).map(|i| rig.dev.wqe(rig.qp, i).unwrap().send_flags & SIGNALED != 0).collect();
+    assert_eq!(flags, vec![false, true, false, true], "WR 3 fills the SQ, so its CQE must free it");
+    assert_eq!(rig.q().stats().credits, 0);
+    rig.complete(usize::MAX);
+    assert_eq!(rig.poll_all(), vec![(1, WC_SUCCESS, WC_SEND)]);
+    assert_eq!(rig.released_ids(), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn a_long_chain_is_posted_in_few_doorbells_and_restored() {
+    let rig = Rig::new(config(256, 0, 0), 512);
+    let mut chain = Chain::sends(0..150, 0);
+    rig.post(&mut chain).unwrap();
+    let st = rig.q().stats();
+    assert_eq!(st.accepted, 150);
+    assert_eq!(st.doorbells, 3, "runs of at most 64 WRs per provider call");
+    assert!(chain.wrs.iter().enumerate().all(|(i, w)| w.wr_id == i as u64 && w.send_flags == 0));
+    assert_eq!(st.signal_interval, 64, "default: a quarter of sq_depth");
+}
+
+#[test]
+fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted() {
+    let rig = Rig::new(config(8, 2, 0), 64);
+    // A QP on the same CQ that the library does not manage.
+    let raw = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let mut c = Chain::sends(0xabc..0xabd, SIGNALED);
+    let head = c.link();
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live scripted QP and a chain that lives in `c`.
+    assert_eq!(unsafe { (*(*raw).context).ops.post_send.unwrap()(raw, head, &mut bad) }, 0);
+    rig.dev.complete(raw, 1).unwrap();
+    assert_eq!(rig.poll_all(), vec![(0xabc, WC_SUCCESS, WC_SEND)], "wr_id untouched");
+    assert_eq!(rig.cq.stats().passthrough, 1);
+    // A CQE of the managed QP whose wr_id is not one of the library's tokens: posted behind its back.
+    let mut c = Chain::sends(0x5555..0x5556, SIGNALED);
+    let head = c.link();
+    // SAFETY: as above.
+    assert_eq!(unsafe { (*(*rig.qp).context).ops.post_send.unwrap()(rig.qp, head, &mut bad) }, 0);
+    rig.complete(1);
+    assert!(rig.poll_all().is_empty(), "a stray is dropped, not shown with a wrong wr_id");
+    assert_eq!(rig.cq.stats().stray, 1);
+    assert!(rig.log.borrow().is_empty());
+}
