@@ -135,7 +135,7 @@ check-headers:
 # ---- checks ----------------------------------------------------------------------------------------------
 
 test:
-	$(CARGO) test
+	$(CARGO) test --no-fail-fast
 
 check-symbols: all
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) include
