@@ -70,9 +70,7 @@ deps:
 # static link needs (replayed by cargo when nothing was rebuilt) becomes the Libs.private of sqdisc.pc.
 cargo-release:
 	@mkdir -p $(BUILD)
-	$(CARGO) rustc --release --lib -- --print native-static-libs 2>$(BUILD)/cargo-release.log \
-		|| { cat $(BUILD)/cargo-release.log >&2; exit 1; }
-	@grep -v '^note: native-static-libs' $(BUILD)/cargo-release.log >&2 || true
+	$(CARGO) rustc --release --lib -- --print native-static-libs 2>&1 | tee $(BUILD)/cargo-release.log
 	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/cargo-release.log | tail -n 1); \
 	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
 	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
@@ -127,7 +125,7 @@ uninstall:
 # ---- headers ---------------------------------------------------------------------------------------------
 
 header:
-	SQDISC_UPDATE_HEADERS=1 $(CARGO) test --test header
+	SQDISC_UPDATE_HEADERS=1 $(CARGO) test --test header -- --nocapture
 
 check-headers:
 	CC='$(CC)' CXX='$(CXX)' bash scripts/check-headers.sh include
