@@ -1,0 +1,762 @@
+/* Bad input to every sqd_* function: each is refused with a negative errno and a relevant sqd_last_error()
+ * message, never a crash, and leaves the objects it was given usable. NULL pointers, bad queue attributes, bad
+ * WRs (with an exact *bad_wr and the ULP's chain untouched), re-entrant calls from callbacks, freeing busy
+ * objects, the CQ budget, a QP managed twice.
+ *
+ * Each scenario prints "PASS <name>" or "FAIL <name>: <why>"; a failed scenario is torn down and the next one
+ * runs; the exit status is non-zero if any failed. */
+
+#include <sqdisc.h>
+#include <sqdisc_scripted.h>
+#include <infiniband/verbs.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- checks --------------------------------------------------------------------------------------------- */
+
+static const char *current = "setup";
+static int failures;
+static jmp_buf scenario_exit;
+
+/* A failed check ends the scenario (longjmp back to run()). Never used inside a callback, which runs inside
+ * the library: callbacks record what they saw, and the scenario checks it afterwards. */
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            printf("FAIL %s: %s:%d: %s (last error: \"%s\")\n", current, __FILE__, __LINE__, #cond,          \
+                   sqd_last_error());                                                                        \
+            longjmp(scenario_exit, 1);                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                                                       \
+    do {                                                                                                     \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                                  \
+        if (a_ != b_) {                                                                                      \
+            printf("FAIL %s: %s:%d: %s is %lld, expected %s = %lld (last error: \"%s\")\n", current,         \
+                   __FILE__, __LINE__, #a, a_, #b, b_, sqd_last_error());                                    \
+            longjmp(scenario_exit, 1);                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+/* sqd_last_error() is not cleared by successful calls, so before each bad call it is set to a sentinel
+ * message (a failing sqd_cq_poll with max -4242); the bad call must replace it with its own. */
+static struct sqd_cq *sentinel_cq;
+#define SENTINEL "-4242"
+
+static void reset_error(void)
+{
+    struct ibv_wc wc;
+    if (sqd_cq_poll(sentinel_cq, -4242, &wc) != -EINVAL || !strstr(sqd_last_error(), SENTINEL)) {
+        printf("FAIL %s: cannot set the sentinel error (got \"%s\")\n", current, sqd_last_error());
+        longjmp(scenario_exit, 1);
+    }
+}
+
+static void check_message(const char *expr, const char *substr, const char *file, int line)
+{
+    const char *msg = sqd_last_error();
+    if (!msg || !msg[0] || strstr(msg, SENTINEL) || !strstr(msg, substr)) {
+        printf("FAIL %s: %s:%d: %s: sqd_last_error() is \"%s\", expected a new message containing \"%s\"\n",
+               current, file, line, expr, msg ? msg : "(NULL)", substr);
+        longjmp(scenario_exit, 1);
+    }
+}
+
+/* `expr` returns -err and leaves a message containing `substr`. */
+#define EXPECT_ERR(expr, err, substr)                                                                        \
+    do {                                                                                                     \
+        reset_error();                                                                                       \
+        long long rc_ = (long long)(expr);                                                                   \
+        if (rc_ != -(long long)(err)) {                                                                      \
+            printf("FAIL %s: %s:%d: %s returned %lld, expected -%s = %lld (last error: \"%s\")\n", current,  \
+                   __FILE__, __LINE__, #expr, rc_, #err, -(long long)(err), sqd_last_error());               \
+            longjmp(scenario_exit, 1);                                                                       \
+        }                                                                                                    \
+        check_message(#expr, substr, __FILE__, __LINE__);                                                    \
+    } while (0)
+
+/* ---- a managed queue on the scripted device --------------------------------------------------------------- */
+
+#define MAX_QUEUES 4
+#define LOG_CAP 256
+
+struct mq;
+typedef void (*hook_fn)(struct mq *m, const struct sqd_completion *c);
+
+struct mq {
+    struct ibv_qp *qp;
+    struct sqd_queue *q;
+    uint64_t log[LOG_CAP]; /* released wr_ids */
+    size_t nlog;
+    hook_fn hook;
+};
+
+struct rig {
+    struct sqd_scripted *dev;
+    struct ibv_cq *cq;
+    struct sqd_cq *scq;
+    struct sqd_cq *extra_scq[2]; /* more managed CQs, freed after the queues */
+    struct mq *mq[MAX_QUEUES];
+    int nmq;
+};
+
+static struct rig *the_rig;
+
+static void on_release(void *ctx, const struct sqd_completion *c)
+{
+    struct mq *m = ctx;
+    if (m->nlog < LOG_CAP)
+        m->log[m->nlog] = c->wr_id;
+    m->nlog++;
+    if (m->hook)
+        m->hook(m, c);
+}
+
+static struct rig *rig_new(int cqe)
+{
+    struct rig *r = calloc(1, sizeof *r);
+    CHECK(r != NULL);
+    the_rig = r;
+    CHECK_EQ(sqd_scripted_new(&r->dev), 0);
+    CHECK_EQ(sqd_scripted_create_cq(r->dev, cqe, &r->cq), 0);
+    CHECK_EQ(sqd_cq_new(r->cq, &r->scq), 0);
+    return r;
+}
+
+/* A QP of depth sq (receive depth rq, 2 SGEs, 16 inline bytes) on `send_cq`/`recv_cq`. */
+static struct ibv_qp *make_qp(struct rig *r, struct ibv_cq *send_cq, struct ibv_cq *recv_cq, uint32_t sq, uint32_t rq)
+{
+    struct sqd_scripted_qp_caps caps = {
+        .max_send_wr = sq, .max_recv_wr = rq ? rq : 1, .max_send_sge = 2, .max_recv_sge = 2, .max_inline_data = 16};
+    struct ibv_qp *qp = NULL;
+    CHECK_EQ(sqd_scripted_create_qp(r->dev, send_cq, recv_cq, &caps, &qp), 0);
+    return qp;
+}
+
+static struct sqd_queue_attr attr_for(struct ibv_qp *qp, struct mq *m)
+{
+    struct sqd_scripted_qp_caps caps;
+    CHECK_EQ(sqd_scripted_qp_caps(qp, &caps), 0);
+    return (struct sqd_queue_attr){.sq_depth = caps.max_send_wr,
+                                   .max_send_sge = caps.max_send_sge,
+                                   .max_inline_data = caps.max_inline_data,
+                                   .signal_interval = 4,
+                                   .release = m ? on_release : NULL,
+                                   .release_ctx = m};
+}
+
+/* A managed queue on the rig's CQ (receives managed there too when rq > 0). */
+static struct mq *add_queue(struct rig *r, uint32_t sq, uint32_t rq, uint32_t backlog)
+{
+    CHECK(r->nmq < MAX_QUEUES);
+    struct mq *m = calloc(1, sizeof *m);
+    CHECK(m != NULL);
+    r->mq[r->nmq++] = m;
+    m->qp = make_qp(r, r->cq, r->cq, sq, rq);
+    struct sqd_queue_attr attr = attr_for(m->qp, m);
+    attr.rq_depth = rq;
+    attr.backlog_depth = backlog;
+    CHECK_EQ(sqd_queue_new(r->scq, rq ? r->scq : NULL, m->qp, &attr, &m->q), 0);
+    return m;
+}
+
+static void rig_teardown(struct rig *r)
+{
+    if (!r)
+        return;
+    for (int i = r->nmq - 1; i >= 0; i--) {
+        struct mq *m = r->mq[i];
+        m->hook = NULL;
+        if (m->q && sqd_queue_free(m->q) != 0) {
+            struct ibv_wc wc[16];
+            sqd_scripted_set_error(m->qp);
+            for (int k = 0; k < 64 && sqd_queue_drain(m->q) == -EINPROGRESS; k++)
+                sqd_cq_poll(r->scq, 16, wc);
+            if (sqd_queue_free(m->q) != 0)
+                printf("FAIL %s: teardown: queue %d cannot be freed: %s\n", current, i, sqd_last_error());
+        }
+        free(m);
+    }
+    if (sqd_cq_free(r->scq) != 0)
+        printf("FAIL %s: teardown: CQ cannot be freed: %s\n", current, sqd_last_error());
+    for (int j = 0; j < 2; j++)
+        if (sqd_cq_free(r->extra_scq[j]) != 0)
+            printf("FAIL %s: teardown: CQ %d cannot be freed: %s\n", current, j + 1, sqd_last_error());
+    sqd_scripted_free(r->dev);
+    free(r);
+}
+
+static int poll_all(struct sqd_cq *scq)
+{
+    int total = 0;
+    for (;;) {
+        struct ibv_wc wc[8];
+        int n = sqd_cq_poll(scq, 8, wc);
+        CHECK(n >= 0);
+        total += n;
+        if (n < 8)
+            return total;
+    }
+}
+
+static struct sqd_queue_stats qstats(struct mq *m)
+{
+    struct sqd_queue_stats s;
+    CHECK_EQ(sqd_queue_stats(m->q, &s), 0);
+    return s;
+}
+
+static struct sqd_cq_stats cqstats(struct sqd_cq *c)
+{
+    struct sqd_cq_stats s;
+    CHECK_EQ(sqd_cq_stats(c, &s), 0);
+    return s;
+}
+
+static uint64_t device_wqes(struct mq *m)
+{
+    struct sqd_scripted_qp_stats s;
+    CHECK_EQ(sqd_scripted_qp_stats(m->qp, &s), 0);
+    return s.wqes_posted;
+}
+
+/* Completes and polls until every send WR accepted on `m` is released. */
+static void settle(struct rig *r, struct mq *m)
+{
+    for (int round = 0; round < 100; round++) {
+        struct sqd_queue_stats s = qstats(m);
+        if (s.accepted == s.released)
+            return;
+        CHECK(sqd_scripted_complete(m->qp, INT_MAX) >= 0);
+        poll_all(r->scq);
+    }
+    CHECK(!"settle: WRs still unreleased after 100 rounds of complete + poll");
+}
+
+static void no_violations(struct rig *r) { CHECK_EQ(sqd_scripted_violation_count(r->dev), 0); }
+
+/* ---- WR chains ---------------------------------------------------------------------------------------------- */
+
+#define CHAIN_CAP 8
+static unsigned char data[CHAIN_CAP][64];
+
+struct chain {
+    struct ibv_send_wr wr[CHAIN_CAP];
+    struct ibv_sge sge[CHAIN_CAP][4];
+    int n;
+};
+
+/* n SENDs with wr_ids first.., one 8-byte SGE each (room for 4); WR 1 signaled by the ULP. */
+static struct ibv_send_wr *make_chain(struct chain *c, uint64_t first, int n)
+{
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 4; k++)
+            c->sge[i][k] = (struct ibv_sge){.addr = (uintptr_t)&data[i][k * 16], .length = 8, .lkey = 5};
+        c->wr[i].wr_id = first + (uint64_t)i;
+        c->wr[i].opcode = IBV_WR_SEND;
+        c->wr[i].send_flags = i == 1 ? IBV_SEND_SIGNALED : 0;
+        c->wr[i].num_sge = 1;
+        c->wr[i].sg_list = c->sge[i];
+        c->wr[i].next = i + 1 < n ? &c->wr[i + 1] : NULL;
+    }
+    return c->wr;
+}
+
+/* ---- scenarios --------------------------------------------------------------------------------------------- */
+
+static void null_arguments_of_cq_functions(void)
+{
+    struct rig *r = rig_new(16);
+    struct sqd_cq *out = NULL;
+    struct ibv_wc wc[4];
+    struct sqd_cq_stats cs;
+    EXPECT_ERR(sqd_cq_new(NULL, &out), EINVAL, "cq is NULL");
+    CHECK(out == NULL);
+    EXPECT_ERR(sqd_cq_new(r->cq, NULL), EINVAL, "out is NULL");
+    CHECK_EQ(sqd_cq_free(NULL), 0);
+    EXPECT_ERR(sqd_cq_poll(NULL, 4, wc), EINVAL, "cq is NULL");
+    EXPECT_ERR(sqd_cq_poll(r->scq, 4, NULL), EINVAL, "wc is NULL");
+    EXPECT_ERR(sqd_cq_poll(r->scq, -1, wc), EINVAL, "max is -1");
+    EXPECT_ERR(sqd_cq_poll(r->scq, INT_MIN, wc), EINVAL, "max");
+    CHECK_EQ(sqd_cq_poll(r->scq, 0, NULL), 0); /* NULL wc is refused only with max > 0 */
+    EXPECT_ERR(sqd_cq_stats(NULL, &cs), EINVAL, "cq is NULL");
+    EXPECT_ERR(sqd_cq_stats(r->scq, NULL), EINVAL, "out is NULL");
+    /* CQs that no provider made. */
+    struct ibv_cq fake;
+    memset(&fake, 0, sizeof fake);
+    fake.cqe = 16;
+    EXPECT_ERR(sqd_cq_new(&fake, &out), EINVAL, "context");
+    CHECK(out == NULL);
+    fake = *r->cq;
+    fake.cqe = 0;
+    EXPECT_ERR(sqd_cq_new(&fake, &out), EINVAL, "cqe");
+    CHECK(out == NULL);
+    /* The CQ handle still works. */
+    CHECK_EQ(sqd_cq_poll(r->scq, 4, wc), 0);
+    CHECK_EQ(cqstats(r->scq).queues, 0);
+}
+
+static void null_arguments_of_queue_new_and_free(void)
+{
+    struct rig *r = rig_new(64);
+    struct ibv_qp *qp = make_qp(r, r->cq, r->cq, 8, 0);
+    struct sqd_queue_attr attr = attr_for(qp, NULL);
+    struct sqd_queue *q = NULL;
+    EXPECT_ERR(sqd_queue_new(NULL, NULL, qp, &attr, &q), EINVAL, "send_cq is NULL");
+    CHECK(q == NULL);
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, NULL, &attr, &q), EINVAL, "qp is NULL");
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, NULL, &q), EINVAL, "attr is NULL");
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &attr, NULL), EINVAL, "out is NULL");
+    CHECK(q == NULL);
+    CHECK_EQ(sqd_queue_free(NULL), 0);
+    struct sqd_cq_stats cs = cqstats(r->scq);
+    CHECK_EQ(cs.queues, 0);
+    CHECK_EQ(cs.reserved, 0);
+    /* Nothing was left attached: the same QP can be managed now. */
+    CHECK_EQ(sqd_queue_new(r->scq, NULL, qp, &attr, &q), 0);
+    CHECK_EQ(sqd_queue_free(q), 0);
+}
+
+static void bad_queue_attributes(void)
+{
+    struct rig *r = rig_new(64);
+    struct ibv_qp *qp = make_qp(r, r->cq, r->cq, 8, 4);
+    struct sqd_queue *q = NULL;
+    struct sqd_queue_attr good = attr_for(qp, NULL), a;
+
+    a = good;
+    a.sq_depth = 0;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "sq_depth 0");
+    a = good;
+    a.sq_depth = (1u << 20) + 1;
+    a.signal_interval = 0;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "sq_depth 1048577");
+    a.sq_depth = UINT32_MAX;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "sq_depth");
+    a = good;
+    a.signal_interval = 9;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "signal_interval 9");
+    a = good;
+    a.flags = 1;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "flags");
+    a.flags = 0x80000000u;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "flags");
+    a = good;
+    a.rq_depth = 4;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "recv_cq");
+    a = good;
+    a.rq_depth = 0;
+    EXPECT_ERR(sqd_queue_new(r->scq, r->scq, qp, &a, &q), EINVAL, "rq_depth");
+    CHECK(q == NULL);
+
+
+    /* CQs that are not the QP's. */
+    struct ibv_cq *cq2 = NULL;
+    CHECK_EQ(sqd_scripted_create_cq(r->dev, 64, &cq2), 0);
+    CHECK_EQ(sqd_cq_new(cq2, &r->extra_scq[0]), 0);
+    struct sqd_cq *scq2 = r->extra_scq[0];
+    a = good;
+    EXPECT_ERR(sqd_queue_new(scq2, NULL, qp, &a, &q), EINVAL, "send CQ");
+    struct ibv_qp *split = make_qp(r, r->cq, cq2, 8, 4); /* sends on cq, receives on cq2 */
+    a = attr_for(split, NULL);
+    a.rq_depth = 4;
+    EXPECT_ERR(sqd_queue_new(r->scq, r->scq, split, &a, &q), EINVAL, "recv CQ");
+    EXPECT_ERR(sqd_queue_new(scq2, scq2, split, &a, &q), EINVAL, "send CQ");
+    CHECK(q == NULL);
+
+    /* A QP that is not RC. */
+    struct ibv_qp ud = *qp;
+    ud.qp_type = IBV_QPT_UD;
+    a = good;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, &ud, &a, &q), EINVAL, "RC");
+    CHECK(q == NULL);
+
+    /* None of the refusals reserved anything; the right arguments still work. */
+    CHECK_EQ(cqstats(r->scq).reserved, 0);
+    CHECK_EQ(cqstats(r->scq).queues, 0);
+    CHECK_EQ(cqstats(scq2).reserved, 0);
+    a = attr_for(split, NULL);
+    a.rq_depth = 4;
+    CHECK_EQ(sqd_queue_new(r->scq, scq2, split, &a, &q), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 9);
+    CHECK_EQ(cqstats(scq2).reserved, 4);
+    CHECK_EQ(sqd_queue_free(q), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 0);
+    CHECK_EQ(cqstats(scq2).reserved, 0);
+}
+
+static void null_arguments_of_queue_functions(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 0, 0);
+    struct chain c;
+    struct ibv_send_wr *wr = make_chain(&c, 0, 1), *bad = NULL;
+    struct ibv_sge rsge = {.addr = (uintptr_t)data[0], .length = 64, .lkey = 5};
+    struct ibv_recv_wr rwr = {.wr_id = 1, .sg_list = &rsge, .num_sge = 1}, *rbad = NULL;
+    struct sqd_queue_stats qs;
+
+    EXPECT_ERR(sqd_post_send(NULL, wr, &bad), EINVAL, "q is NULL");
+    EXPECT_ERR(sqd_post_send(m->q, NULL, &bad), EINVAL, "wr is NULL");
+    EXPECT_ERR(sqd_post_send(m->q, wr, NULL), EINVAL, "bad_wr is NULL");
+    EXPECT_ERR(sqd_post_recv(NULL, &rwr, &rbad), EINVAL, "q is NULL");
+    EXPECT_ERR(sqd_post_recv(m->q, NULL, &rbad), EINVAL, "wr is NULL");
+    EXPECT_ERR(sqd_post_recv(m->q, &rwr, NULL), EINVAL, "bad_wr is NULL");
+    EXPECT_ERR(sqd_defer(NULL, (sqd_defer_fn)NULL, NULL), EINVAL, "q is NULL");
+    EXPECT_ERR(sqd_defer(m->q, (sqd_defer_fn)NULL, NULL), EINVAL, "fn is NULL");
+    EXPECT_ERR(sqd_queue_drain(NULL), EINVAL, "q is NULL");
+    EXPECT_ERR(sqd_queue_stats(NULL, &qs), EINVAL, "q is NULL");
+    EXPECT_ERR(sqd_queue_stats(m->q, NULL), EINVAL, "out is NULL");
+    /* Nothing was accepted, posted or closed. */
+    qs = qstats(m);
+    CHECK_EQ(qs.accepted, 0);
+    CHECK_EQ(qs.closed, 0);
+    CHECK_EQ(qs.deferred, 0);
+    CHECK_EQ(device_wqes(m), 0);
+    CHECK_EQ(c.wr[0].wr_id, 0);
+    CHECK_EQ(c.wr[0].send_flags, 0);
+    /* Receives on a queue that does not manage them. */
+    rbad = NULL;
+    EXPECT_ERR(sqd_post_recv(m->q, &rwr, &rbad), EINVAL, "does not manage receives");
+    CHECK(rbad == &rwr);
+    /* The queue still works. */
+    CHECK_EQ(sqd_post_send(m->q, wr, &bad), 0);
+    CHECK(bad == NULL);
+    settle(r, m);
+    CHECK_EQ(m->nlog, 1);
+    no_violations(r);
+}
+
+/* One kind of bad WR: `make_bad` spoils c->wr[i]; the message must contain `what`. */
+struct bad_case {
+    const char *name;
+    void (*make_bad)(struct chain *c, int i);
+    const char *what;
+};
+
+static void too_many_sges(struct chain *c, int i) { c->wr[i].num_sge = 3; }
+static void negative_sges(struct chain *c, int i) { c->wr[i].num_sge = -1; }
+static void null_sg_list(struct chain *c, int i) { c->wr[i].sg_list = NULL; }
+static void inline_too_long(struct chain *c, int i)
+{
+    c->wr[i].send_flags |= IBV_SEND_INLINE;
+    c->sge[i][0].length = 17;
+}
+static void inline_too_long_in_two_sges(struct chain *c, int i)
+{
+    c->wr[i].send_flags |= IBV_SEND_INLINE;
+    c->wr[i].num_sge = 2;
+    c->sge[i][0].length = 10;
+    c->sge[i][1].length = 10;
+}
+static void inline_read(struct chain *c, int i)
+{
+    c->wr[i].opcode = IBV_WR_RDMA_READ;
+    c->wr[i].send_flags |= IBV_SEND_INLINE;
+    c->wr[i].wr.rdma.remote_addr = 0x1000;
+    c->wr[i].wr.rdma.rkey = 3;
+}
+static void unknown_opcode(struct chain *c, int i) { c->wr[i].opcode = (enum ibv_wr_opcode)77; }
+static void unknown_flag(struct chain *c, int i) { c->wr[i].send_flags |= 1u << 12; }
+
+static const struct bad_case bad_cases[] = {
+    {"num_sge above max_send_sge", too_many_sges, "num_sge 3"},
+    {"negative num_sge", negative_sges, "num_sge -1"},
+    {"NULL sg_list", null_sg_list, "sg_list is NULL"},
+    {"inline above max_inline_data", inline_too_long, "max_inline_data"},
+    {"inline above max_inline_data in two SGEs", inline_too_long_in_two_sges, "20 bytes"},
+    {"IBV_SEND_INLINE on RDMA_READ", inline_read, "IBV_SEND_INLINE"},
+    {"unknown opcode", unknown_opcode, "opcode 77"},
+    {"unknown send_flags bit", unknown_flag, "0x1000"},
+};
+
+static void bad_wrs_are_refused_exactly(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 16, 0, 0);
+    static struct chain c, before;
+    uint64_t base = 0;
+    for (size_t k = 0; k < sizeof bad_cases / sizeof bad_cases[0]; k++) {
+        const struct bad_case *bc = &bad_cases[k];
+        /* 1. Alone: nothing is accepted and *bad_wr is the WR. */
+        struct ibv_send_wr *bad = NULL;
+        make_chain(&c, 1000 + k, 1);
+        bc->make_bad(&c, 0);
+        before = c;
+        uint64_t accepted = qstats(m).accepted, wqes = device_wqes(m);
+        EXPECT_ERR(sqd_post_send(m->q, c.wr, &bad), EINVAL, bc->what);
+        CHECK(bad == &c.wr[0]);
+        CHECK(memcmp(&c, &before, sizeof c) == 0);
+        CHECK_EQ(qstats(m).accepted, accepted);
+        CHECK_EQ(device_wqes(m), wqes);
+
+        /* 2. In the middle of a chain of 4: the two before it are accepted, it and the one after are not, and
+         * the ULP's chain (wr_ids, flags, links, SGEs) is exactly as it was. */
+        make_chain(&c, base, 4);
+        bc->make_bad(&c, 2);
+        before = c;
+        bad = NULL;
+        size_t released = m->nlog;
+        EXPECT_ERR(sqd_post_send(m->q, c.wr, &bad), EINVAL, bc->what);
+        if (bad != &c.wr[2]) {
+            printf("FAIL %s: %s: *bad_wr is WR %ld of the chain, expected 2\n", current, bc->name,
+                   bad ? (long)(bad - c.wr) : -1L);
+            longjmp(scenario_exit, 1);
+        }
+        for (int i = 0; i < 4; i++) {
+            CHECK_EQ(c.wr[i].wr_id, before.wr[i].wr_id);
+            CHECK_EQ(c.wr[i].send_flags, before.wr[i].send_flags);
+            CHECK(c.wr[i].next == before.wr[i].next);
+            CHECK(c.wr[i].sg_list == before.wr[i].sg_list);
+            CHECK_EQ(c.wr[i].num_sge, before.wr[i].num_sge);
+            CHECK_EQ(c.wr[i].opcode, before.wr[i].opcode);
+        }
+        CHECK(memcmp(&c, &before, sizeof c) == 0);
+        CHECK_EQ(qstats(m).accepted, accepted + 2);
+        CHECK_EQ(device_wqes(m), wqes + 2);
+        settle(r, m);
+        CHECK_EQ(m->nlog, released + 2);
+        CHECK_EQ(m->log[released], base);
+        CHECK_EQ(m->log[released + 1], base + 1);
+        base += 4;
+    }
+    no_violations(r);
+}
+
+static void bad_receives_are_refused_exactly(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 4, 0);
+    struct ibv_sge sge[3] = {{.addr = (uintptr_t)data[0], .length = 64, .lkey = 5},
+                             {.addr = (uintptr_t)data[1], .length = 64, .lkey = 5},
+                             {.addr = (uintptr_t)data[2], .length = 64, .lkey = 5}};
+    struct ibv_recv_wr wr[3], *bad = NULL;
+    for (int i = 0; i < 3; i++)
+        wr[i] = (struct ibv_recv_wr){.wr_id = 10 + i, .next = i < 2 ? &wr[i + 1] : NULL, .sg_list = &sge[i],
+                                     .num_sge = 1};
+    wr[1].sg_list = NULL;
+    EXPECT_ERR(sqd_post_recv(m->q, wr, &bad), EINVAL, "sg_list");
+    CHECK(bad == &wr[1]);
+    CHECK_EQ(wr[0].wr_id, 10);
+    CHECK(wr[0].next == &wr[1] && wr[1].next == &wr[2] && wr[2].next == NULL);
+    CHECK_EQ(qstats(m).recv_outstanding, 1);
+    wr[1].sg_list = &sge[1];
+    wr[1].num_sge = -2;
+    EXPECT_ERR(sqd_post_recv(m->q, &wr[1], &bad), EINVAL, "num_sge -2");
+    CHECK(bad == &wr[1]);
+    CHECK_EQ(qstats(m).recv_outstanding, 1);
+    CHECK_EQ(sqd_scripted_deliver(m->qp, 8, NULL), 0);
+    CHECK_EQ(poll_all(r->scq), 1);
+    CHECK_EQ(m->nlog, 1);
+    CHECK_EQ(m->log[0], 10);
+    CHECK_EQ(qstats(m).recv_outstanding, 0);
+}
+
+/* Calls made from inside a release callback, and what they returned. */
+static struct {
+    struct sqd_cq *cq;
+    int poll_rc, cq_free_rc, queue_free_rc, calls;
+    char poll_msg[200], cq_free_msg[200], queue_free_msg[200];
+} reentry;
+
+static void reenter_from_release(struct mq *m, const struct sqd_completion *c)
+{
+    struct ibv_wc wc[4];
+    (void)c;
+    if (reentry.calls++)
+        return;
+    reentry.poll_rc = sqd_cq_poll(reentry.cq, 4, wc);
+    snprintf(reentry.poll_msg, sizeof reentry.poll_msg, "%s", sqd_last_error());
+    reentry.cq_free_rc = sqd_cq_free(reentry.cq);
+    snprintf(reentry.cq_free_msg, sizeof reentry.cq_free_msg, "%s", sqd_last_error());
+    reentry.queue_free_rc = sqd_queue_free(m->q);
+    snprintf(reentry.queue_free_msg, sizeof reentry.queue_free_msg, "%s", sqd_last_error());
+}
+
+static void reentrant_calls_from_a_release_callback(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 0, 0);
+    memset(&reentry, 0, sizeof reentry);
+    reentry.cq = r->scq;
+    m->hook = reenter_from_release;
+    struct chain c;
+    CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 0, 2), &(struct ibv_send_wr *){NULL}), 0);
+    CHECK_EQ(sqd_scripted_complete(m->qp, 2), 2);
+    CHECK_EQ(poll_all(r->scq), 1);
+    CHECK_EQ(m->nlog, 2);
+    CHECK(reentry.calls >= 1);
+    CHECK_EQ(reentry.poll_rc, -EBUSY);
+    CHECK(strstr(reentry.poll_msg, "re-entered") != NULL);
+    CHECK_EQ(reentry.cq_free_rc, -EBUSY);
+    CHECK(strstr(reentry.cq_free_msg, "polled") != NULL);
+    CHECK_EQ(reentry.queue_free_rc, -EBUSY);
+    CHECK(strstr(reentry.queue_free_msg, "own callbacks") != NULL);
+    /* Both objects are still valid and work. */
+    m->hook = NULL;
+    CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 2, 2), &(struct ibv_send_wr *){NULL}), 0);
+    settle(r, m);
+    CHECK_EQ(m->nlog, 4);
+    CHECK_EQ(m->log[3], 3);
+    CHECK_EQ(sqd_queue_free(m->q), 0);
+    m->q = NULL;
+    CHECK_EQ(sqd_cq_free(r->scq), 0);
+    r->scq = NULL;
+}
+
+static void freeing_busy_objects(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 0, 0);
+    struct chain c;
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 0, 3), &bad), 0);
+    EXPECT_ERR(sqd_queue_free(m->q), EBUSY, "not yet released");
+    EXPECT_ERR(sqd_cq_free(r->scq), EBUSY, "attached");
+    /* The queue still works: more WRs, then everything is released in order. */
+    CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 3, 4), &bad), 0);
+    CHECK_EQ(sqd_scripted_complete(m->qp, 1), 1);
+    poll_all(r->scq);
+    EXPECT_ERR(sqd_queue_free(m->q), EBUSY, "not yet released");
+    settle(r, m);
+    CHECK_EQ(m->nlog, 7);
+    for (int i = 0; i < 7; i++)
+        CHECK_EQ(m->log[i], i);
+    EXPECT_ERR(sqd_cq_free(r->scq), EBUSY, "attached");
+    CHECK_EQ(sqd_queue_free(m->q), 0);
+    m->q = NULL;
+    CHECK_EQ(sqd_cq_free(r->scq), 0);
+    r->scq = NULL;
+    no_violations(r);
+}
+
+static void cq_budget_refuses_a_queue_that_does_not_fit(void)
+{
+    struct rig *r = rig_new(40);
+    add_queue(r, 16, 0, 0); /* reserves 17 of 40 */
+    struct ibv_qp *qp2 = make_qp(r, r->cq, r->cq, 32, 0);
+    struct sqd_queue_attr a = attr_for(qp2, NULL);
+    struct sqd_queue *q2 = NULL;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp2, &a, &q2), ENOSPC, "needs 33");
+    check_message("the same refusal", "holds 40", __FILE__, __LINE__);
+    check_message("the same refusal", "23 are free", __FILE__, __LINE__);
+    CHECK(q2 == NULL);
+    CHECK_EQ(cqstats(r->scq).reserved, 17);
+    CHECK_EQ(cqstats(r->scq).queues, 1);
+    /* A queue that fits exactly. */
+    a.sq_depth = 22;
+    CHECK_EQ(sqd_queue_new(r->scq, NULL, qp2, &a, &q2), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 40);
+    /* Now even the smallest queue does not fit. */
+    struct ibv_qp *qp3 = make_qp(r, r->cq, r->cq, 1, 0);
+    struct sqd_queue_attr a3 = attr_for(qp3, NULL);
+    a3.signal_interval = 0;
+    struct sqd_queue *q3 = NULL;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp3, &a3, &q3), ENOSPC, "needs 2");
+    /* Receives on the same CQ count too: sq_depth + rq_depth + 1. */
+    CHECK_EQ(sqd_queue_free(q2), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 17);
+    struct ibv_qp *qp4 = make_qp(r, r->cq, r->cq, 16, 8);
+    struct sqd_queue_attr a4 = attr_for(qp4, NULL);
+    a4.rq_depth = 8;
+    struct sqd_queue *q4 = NULL;
+    EXPECT_ERR(sqd_queue_new(r->scq, r->scq, qp4, &a4, &q4), ENOSPC, "needs 25");
+    a4.rq_depth = 6;
+    CHECK_EQ(sqd_queue_new(r->scq, r->scq, qp4, &a4, &q4), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 40);
+    CHECK_EQ(sqd_queue_free(q4), 0);
+    CHECK_EQ(cqstats(r->scq).reserved, 17);
+}
+
+static void the_same_qp_managed_twice(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 0, 0);
+    struct sqd_queue_attr a = attr_for(m->qp, NULL);
+    struct sqd_queue *q2 = NULL;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, m->qp, &a, &q2), EBUSY, "already managed");
+    CHECK(q2 == NULL);
+    CHECK_EQ(cqstats(r->scq).queues, 1);
+    CHECK_EQ(cqstats(r->scq).reserved, 9);
+    /* The first queue is unaffected. */
+    struct chain c;
+    CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 0, 2), &(struct ibv_send_wr *){NULL}), 0);
+    settle(r, m);
+    CHECK_EQ(m->nlog, 2);
+    /* Once it is freed, the QP may be managed again. */
+    CHECK_EQ(sqd_queue_free(m->q), 0);
+    m->q = NULL;
+    CHECK_EQ(sqd_queue_new(r->scq, NULL, m->qp, &a, &q2), 0);
+    CHECK_EQ(sqd_queue_free(q2), 0);
+}
+
+static void posting_on_closed_queues(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 8, 0, 0);
+    struct chain c;
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(sqd_queue_drain(m->q), 0); /* idle: done at once */
+    EXPECT_ERR(sqd_post_send(m->q, make_chain(&c, 0, 2), &bad), EIO, "draining");
+    CHECK(bad == &c.wr[0]);
+    CHECK_EQ(qstats(m).accepted, 0);
+    struct mq *f = add_queue(r, 8, 0, 0);
+    CHECK_EQ(sqd_post_send(f->q, make_chain(&c, 0, 1), &bad), 0);
+    CHECK_EQ(sqd_scripted_fail(f->qp, IBV_WC_LOC_PROT_ERR, 9), 0);
+    poll_all(r->scq);
+    EXPECT_ERR(sqd_post_send(f->q, make_chain(&c, 1, 2), &bad), EIO, "failed");
+    CHECK(bad == &c.wr[0]);
+    CHECK_EQ(f->nlog, 1);
+}
+
+/* ---- runner ---------------------------------------------------------------------------------------------- */
+
+static void run(const char *name, void (*scenario)(void))
+{
+    current = name;
+    the_rig = NULL;
+    if (setjmp(scenario_exit) == 0) {
+        scenario();
+        printf("PASS %s\n", name);
+    } else {
+        failures++;
+    }
+    rig_teardown(the_rig);
+    the_rig = NULL;
+}
+
+int main(void)
+{
+    struct sqd_scripted *dev = NULL;
+    struct ibv_cq *cq = NULL;
+    if (sqd_scripted_new(&dev) != 0 || sqd_scripted_create_cq(dev, 1, &cq) != 0 || sqd_cq_new(cq, &sentinel_cq) != 0) {
+        printf("FAIL bad_input: setup: %s\n", sqd_last_error());
+        return 1;
+    }
+    run("null_arguments_of_cq_functions", null_arguments_of_cq_functions);
+    run("null_arguments_of_queue_new_and_free", null_arguments_of_queue_new_and_free);
+    run("bad_queue_attributes", bad_queue_attributes);
+    run("null_arguments_of_queue_functions", null_arguments_of_queue_functions);
+    run("bad_wrs_are_refused_exactly", bad_wrs_are_refused_exactly);
+    run("bad_receives_are_refused_exactly", bad_receives_are_refused_exactly);
+    run("reentrant_calls_from_a_release_callback", reentrant_calls_from_a_release_callback);
+    run("freeing_busy_objects", freeing_busy_objects);
+    run("cq_budget_refuses_a_queue_that_does_not_fit", cq_budget_refuses_a_queue_that_does_not_fit);
+    run("the_same_qp_managed_twice", the_same_qp_managed_twice);
+    run("posting_on_closed_queues", posting_on_closed_queues);
+    sqd_cq_free(sentinel_cq);
+    sqd_scripted_free(dev);
+    if (failures) {
+        printf("FAIL bad_input: %d scenario(s) failed\n", failures);
+        return 1;
+    }
+    return 0;
+}
