@@ -147,7 +147,7 @@ static struct sqd_queue_attr attr_for(struct ibv_qp *qp, struct mq *m)
     return (struct sqd_queue_attr){.sq_depth = caps.max_send_wr,
                                    .max_send_sge = caps.max_send_sge,
                                    .max_inline_data = caps.max_inline_data,
-                                   .signal_interval = 4,
+                                   .signal_interval = caps.max_send_wr < 4 ? caps.max_send_wr : 4,
                                    .release = m ? on_release : NULL,
                                    .release_ctx = m};
 }
@@ -478,10 +478,9 @@ static const struct bad_case bad_cases[] = {
     {"unknown send_flags bit", unknown_flag, "0x1000"},
 };
 
-static void bad_wrs_are_refused_exactly(void)
+/* Checks every kind of bad WR on `m`, alone and in the middle of a chain. */
+static void refuse_bad_wrs(struct rig *r, struct mq *m)
 {
-    struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 16, 0, 0);
     static struct chain c, before;
     uint64_t base = 0;
     for (size_t k = 0; k < sizeof bad_cases / sizeof bad_cases[0]; k++) {
@@ -521,7 +520,7 @@ static void bad_wrs_are_refused_exactly(void)
         }
         CHECK(memcmp(&c, &before, sizeof c) == 0);
         CHECK_EQ(qstats(m).accepted, accepted + 2);
-        CHECK_EQ(device_wqes(m), wqes + 2);
+        CHECK_EQ(device_wqes(m) + qstats(m).backlog, wqes + 2);
         settle(r, m);
         CHECK_EQ(m->nlog, released + 2);
         CHECK_EQ(m->log[released], base);
@@ -529,6 +528,22 @@ static void bad_wrs_are_refused_exactly(void)
         base += 4;
     }
     no_violations(r);
+}
+
+static void bad_wrs_are_refused_exactly(void)
+{
+    struct rig *r = rig_new(64);
+    refuse_bad_wrs(r, add_queue(r, 16, 0, 0));
+}
+
+/* The same when the WRs before the bad one go to the backlog (one SQ slot): they are parked, still accepted. */
+static void bad_wrs_are_refused_exactly_behind_parked_ones(void)
+{
+    struct rig *r = rig_new(64);
+    struct mq *m = add_queue(r, 1, 0, 8);
+    refuse_bad_wrs(r, m);
+    CHECK(qstats(m).parked > 0);
+    CHECK_EQ(qstats(m).backlog, 0);
 }
 
 static void bad_receives_are_refused_exactly(void)
@@ -746,6 +761,7 @@ int main(void)
     run("bad_queue_attributes", bad_queue_attributes);
     run("null_arguments_of_queue_functions", null_arguments_of_queue_functions);
     run("bad_wrs_are_refused_exactly", bad_wrs_are_refused_exactly);
+    run("bad_wrs_are_refused_exactly_behind_parked_ones", bad_wrs_are_refused_exactly_behind_parked_ones);
     run("bad_receives_are_refused_exactly", bad_receives_are_refused_exactly);
     run("reentrant_calls_from_a_release_callback", reentrant_calls_from_a_release_callback);
     run("freeing_busy_objects", freeing_busy_objects);
