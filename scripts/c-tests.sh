@@ -112,8 +112,8 @@ for src in "${tests[@]}"; do
     exe_s=$out/static/$t
     if ! "$CC" "${CFLAGS_STRICT[@]}" "${cflags[@]}" "$src" -o "$exe_s" "${static_libs[@]}" > "$logs.static.build" 2>&1; then
         fail "$t [static]: build" "$logs.static.build"
-    elif readelf -d "$exe_s" | grep -q 'NEEDED.*libsqdisc'; then
-        readelf -d "$exe_s" > "$logs.static.build"
+    elif ! readelf -d "$exe_s" > "$logs.static.dynamic" || grep -q 'NEEDED.*libsqdisc' "$logs.static.dynamic"; then
+        cp "$logs.static.dynamic" "$logs.static.build"
         fail "$t [static]: still needs libsqdisc.so" "$logs.static.build"
     elif env -u LD_LIBRARY_PATH "$exe_s" > "$logs.static.run" 2>&1; then
         pass "$t [static]"
@@ -126,8 +126,9 @@ for src in "${tests[@]}"; do
     if ! "$CC" "${CFLAGS_STRICT[@]}" "${SANITIZE[@]}" "${cflags[@]}" "$src" -o "$exe_z" "${libs[@]}" \
         > "$logs.sanitize.build" 2>&1; then
         fail "$t [sanitize]: build" "$logs.sanitize.build"
-    elif ! nm "$exe_z" | grep -q '__asan_init' || ! nm "$exe_z" | grep -q '__ubsan_handle_'; then
-        nm "$exe_z" | grep -E '__(asan|ubsan)' > "$logs.sanitize.build" || true
+    elif ! nm "$exe_z" > "$logs.sanitize.nm" || ! grep -q '__asan_init' "$logs.sanitize.nm" \
+        || ! grep -q '__ubsan_handle_' "$logs.sanitize.nm"; then
+        grep -E '__(asan|ubsan)' "$logs.sanitize.nm" > "$logs.sanitize.build" || true
         fail "$t [sanitize]: the binary is not instrumented (no __asan_init / __ubsan_handle_*)" "$logs.sanitize.build"
     elif run_dyn "$logs.sanitize.run" "$exe_z"; then
         pass "$t [sanitize]"
