@@ -733,6 +733,85 @@ static void deferred_actions_are_completion_barriers(void)
     callbacks_ok(m);
 }
 
+/* Each release posts two more WRs (ids taken from a counter at post time) until 200 were posted, on a queue
+ * whose SQ is smaller than what is in flight, so callbacks post into the backlog while it is being drained. */
+static uint64_t next_id;
+
+static void post_two_from_release(struct mq *m, const struct sqd_completion *c)
+{
+    (void)c;
+    for (int k = 0; k < 2 && next_id < 200; k++) {
+        struct ibv_sge sge = {.addr = buf_of(next_id), .length = 64, .lkey = 7};
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof wr);
+        wr.wr_id = next_id;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = next_id % 7 == 0 ? IBV_SEND_SIGNALED : 0;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        int rc = sqd_post_send(m->q, &wr, &bad);
+        if (rc != 0) {
+            cb_fail(m, "sqd_post_send from a release callback", rc);
+            return;
+        }
+        next_id++;
+    }
+}
+
+static void release_callbacks_posting_into_the_backlog_keep_order(void)
+{
+    struct mq *m = rig1((struct qcfg){.sq_depth = 4, .signal_interval = 2, .backlog_depth = 256}, 64);
+    m->hook = post_two_from_release;
+    next_id = 6;
+    post_ok(m, sends(&ch, 0, 6, 0));
+    for (int i = 0; i < 1000 && m->nlog < 200; i++) {
+        complete(m, 1 + i % 3);
+        poll_all(the_rig->scq);
+    }
+    callbacks_ok(m);
+    released_in_order(m, 0, 200);
+    CHECK(qstats(m).parked > 0);
+    CHECK(dstats(m).max_outstanding <= 4);
+    no_violations(the_rig);
+}
+
+/* A barrier set from inside a release callback covers the WRs accepted so far, including later ones in the
+ * same poll; a barrier pending when the queue fails runs after the last of its WRs is released. */
+static void defer_from_release(struct mq *m, const struct sqd_completion *c)
+{
+    if (c->wr_id == 1) {
+        int rc = sqd_defer(m->q, deferred_action, NULL);
+        if (rc != 0)
+            cb_fail(m, "sqd_defer from a release callback", rc);
+    }
+}
+
+static void deferred_actions_set_from_callbacks_and_on_failure(void)
+{
+    struct mq *m = rig1((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 8}, 64);
+    defer_mq = m;
+    ndefer = 0;
+    m->hook = defer_from_release;
+    post_ok(m, sends(&ch, 0, 4, 0)); /* 3 is signaled by the interval */
+    complete(m, INT_MAX);
+    poll_all(the_rig->scq);
+    released_in_order(m, 0, 4);
+    CHECK_EQ(ndefer, 1);
+    CHECK_EQ(defer_seen[0], 4); /* set during release 1, ran after release 3 (the last accepted then) */
+    m->hook = NULL;
+    /* 8 posted, 4 parked; a barrier behind all 12; the QP fails on the first. */
+    post_ok(m, sends(&ch, 4, 16, 0));
+    CHECK_EQ(sqd_defer(m->q, deferred_action, NULL), 0);
+    CHECK_EQ(ndefer, 1);
+    CHECK_EQ(sqd_scripted_fail(m->qp, IBV_WC_LOC_PROT_ERR, 0), 0);
+    poll_all(the_rig->scq);
+    released_in_order(m, 0, 16);
+    CHECK_EQ(ndefer, 2);
+    CHECK_EQ(defer_seen[1], 16);
+    CHECK_EQ(qstats(m).deferred, 0);
+    callbacks_ok(m);
+}
+
 static void drain_releases_everything_and_free_waits_for_it(void)
 {
     struct mq *m = rig1((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 8}, 64);
@@ -1067,6 +1146,9 @@ int main(void)
         backlog_of_a_failed_queue_is_released_as_never_posted);
     run("a_release_callback_may_post_on_its_own_queue", a_release_callback_may_post_on_its_own_queue);
     run("deferred_actions_are_completion_barriers", deferred_actions_are_completion_barriers);
+    run("release_callbacks_posting_into_the_backlog_keep_order",
+        release_callbacks_posting_into_the_backlog_keep_order);
+    run("deferred_actions_set_from_callbacks_and_on_failure", deferred_actions_set_from_callbacks_and_on_failure);
     run("drain_releases_everything_and_free_waits_for_it", drain_releases_everything_and_free_waits_for_it);
     run("drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once",
         drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once);
