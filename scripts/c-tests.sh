@@ -86,6 +86,15 @@ if [ ${#tests[@]} -eq 0 ]; then
     echo "c-tests: no c-tests/*.c found" >&2
     exit 1
 fi
+# The README's C example is a test too: its first ```c block, exactly as a reader would copy it.
+mkdir -p "$out/gen"
+awk '/^```c$/ && !done { grab = 1; next } /^```$/ && grab { grab = 0; done = 1 } grab' "$root/README.md" \
+    > "$out/gen/readme_snippet.c"
+if [ ! -s "$out/gen/readme_snippet.c" ]; then
+    echo "c-tests: README.md has no \`\`\`c example block" >&2
+    exit 1
+fi
+tests+=("$out/gen/readme_snippet.c")
 
 for src in "${tests[@]}"; do
     t=$(basename "$src" .c)
