@@ -31,6 +31,31 @@
 #define SQD_COMPLETION_RECV 4
 
 /**
+ * A receive whose sender invalidated `invalidated_rkey` (SEND_WITH_INV): skip your own LocalInv of it.
+ */
+#define SQD_COMPLETION_REMOTE_INV 8
+
+/**
+ * Buffer verification (`SQD_QUEUE_VERIFY_BUFFERS`) found bytes of SGE `modified_sge` changed between the post
+ * and the release: the ULP wrote into a buffer the HCA could still read.
+ */
+#define SQD_COMPLETION_BUFFER_MODIFIED 16
+
+/**
+ * `sqd_queue_attr.flags`: checksum every SGE a SEND or RDMA WRITE reads (not inline data) when the WR is
+ * accepted and again at its release; a difference sets `SQD_COMPLETION_BUFFER_MODIFIED` and `modified_sge` in
+ * the release and counts in `sqd_queue_stats.verify_mismatches`. The bytes must stay readable until the
+ * release. Costs about a cycle per byte twice; for debug and canary builds.
+ */
+#define SQD_QUEUE_VERIFY_BUFFERS 1
+
+/**
+ * `sqd_invalidate` flag: post the LocalInv at once with `IBV_SEND_FENCE` (the Local Invalidate Fence), for
+ * devices that honour it, instead of waiting for a completion that covers the earlier WRs.
+ */
+#define SQD_INVALIDATE_FENCE 1
+
+/**
  * An `ibv_cq` under management.
  *
  * Not thread-safe: a CQ and the queues on it are used from one thread at a time.
@@ -119,6 +144,15 @@ struct sqd_completion {
      * `SQD_COMPLETION_*` bits.
      */
     uint32_t flags;
+    /**
+     * With `SQD_COMPLETION_REMOTE_INV`: the rkey the sender's SEND_WITH_INV invalidated (no LocalInv of it is
+     * needed any more).
+     */
+    uint32_t invalidated_rkey;
+    /**
+     * With `SQD_COMPLETION_BUFFER_MODIFIED`: the index of the first SGE whose bytes changed while in flight.
+     */
+    uint32_t modified_sge;
 };
 
 /**
@@ -166,7 +200,7 @@ struct sqd_queue_attr {
      */
     void *release_ctx;
     /**
-     * Reserved: must be 0.
+     * `SQD_QUEUE_*` bits; unknown bits are refused (`-EINVAL`).
      */
     uint32_t flags;
 };
@@ -268,6 +302,18 @@ struct sqd_queue_stats {
      * 1 when the queue takes no more WRs (failed or draining).
      */
     uint32_t closed;
+    /**
+     * MRs tracked precisely (`sqd_queue_track_mr`).
+     */
+    uint32_t tracked_mrs;
+    /**
+     * Deferred deregistrations or deallocations that failed.
+     */
+    uint64_t teardown_failures;
+    /**
+     * Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
+     */
+    uint64_t verify_mismatches;
 };
 
 #ifdef __cplusplus
@@ -426,6 +472,77 @@ int32_t sqd_queue_drain(struct sqd_queue *q);
  * Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
+
+/**
+ * Invalidates `rkey` (an MR or memory window the ULP exposed to its peer) at the first moment it is safe, and
+ * reports when the invalidation itself has completed.
+ *
+ * Without flags the `IBV_WR_LOCAL_INV` is posted only once a completion covers every WR accepted on the queue
+ * before this call: a LocalInv is not ordered behind earlier WRs (IBA Table 79, 'L'), so posting it at once
+ * could invalidate keys an earlier, not yet acknowledged WR still needs for a retransmission. With
+ * `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
+ * that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
+ * NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
+ * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+ * remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
+ * LocalInv unless it had been posted by then: use `done`.
+ *
+ * If the peer already invalidated the rkey with SEND_WITH_INV, the receive's release says so
+ * (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
+ *
+ * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
+ * (fenced, and neither an SQ slot nor backlog room).
+ */
+int32_t sqd_invalidate(struct sqd_queue *q,
+                       uint32_t rkey,
+                       uint64_t wr_id,
+                       uint32_t flags,
+                       sqd_release_fn done,
+                       void *done_ctx);
+
+/**
+ * Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
+ * name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
+ * of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
+ * tear down while traffic continues, not every MR.
+ *
+ * Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
+ */
+int32_t sqd_queue_track_mr(struct sqd_queue *q, const struct ibv_mr *mr);
+
+/**
+ * Stops tracking `mr`. Returns 0, or `-EINVAL` (NULL argument), `-ENOENT` (not tracked).
+ */
+int32_t sqd_queue_untrack_mr(struct sqd_queue *q, const struct ibv_mr *mr);
+
+/**
+ * Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
+ * WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
+ * once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+ *
+ * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
+ */
+int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn fn, void *ctx);
+
+/**
+ * Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
+ * queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
+ * use or deregister it yourself afterwards. A failed deregistration counts in
+ * `sqd_queue_stats.teardown_failures`.
+ *
+ * Returns 0, or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
+                           struct ibv_mr *mr);
+
+/**
+ * Deallocates the memory window `mw` (`ibv_dealloc_mw`, through its context's ops) once every WR accepted on
+ * the queue so far is released. Ownership of `mw` passes to the queue. A failure counts in
+ * `sqd_queue_stats.teardown_failures`.
+ *
+ * Returns 0, or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, ibv_mw *mw);
 
 #ifdef __cplusplus
 }  // extern "C"

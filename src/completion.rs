@@ -17,6 +17,11 @@ pub struct Completion {
     pub vendor_err: u32,
     /// `SQD_COMPLETION_*` bits.
     pub flags: u32,
+    /// With `SQD_COMPLETION_REMOTE_INV`: the rkey the sender's SEND_WITH_INV invalidated (no LocalInv of it is
+    /// needed any more).
+    pub invalidated_rkey: u32,
+    /// With `SQD_COMPLETION_BUFFER_MODIFIED`: the index of the first SGE whose bytes changed while in flight.
+    pub modified_sge: u32,
 }
 
 /// The WR was retired by a later signaled completion, not a CQE of its own.
@@ -26,6 +31,11 @@ pub const SQD_COMPLETION_IMPLIED: u32 = 1;
 pub const SQD_COMPLETION_NEVER_POSTED: u32 = 2;
 /// The WR was a receive (posted with `sqd_post_recv`).
 pub const SQD_COMPLETION_RECV: u32 = 4;
+/// A receive whose sender invalidated `invalidated_rkey` (SEND_WITH_INV): skip your own LocalInv of it.
+pub const SQD_COMPLETION_REMOTE_INV: u32 = 8;
+/// Buffer verification (`SQD_QUEUE_VERIFY_BUFFERS`) found bytes of SGE `modified_sge` changed between the post
+/// and the release: the ULP wrote into a buffer the HCA could still read.
+pub const SQD_COMPLETION_BUFFER_MODIFIED: u32 = 16;
 
 impl Completion {
     pub fn is_implied(&self) -> bool {
@@ -51,6 +61,17 @@ impl From<(crate::discipline::Release, bool)> for Completion {
         if recv {
             flags |= SQD_COMPLETION_RECV;
         }
-        Completion { wr_id: r.wr_id, status: r.status as u32, opcode: r.opcode as u32, vendor_err: r.vendor_err, flags }
+        if r.remote_inv.is_some() {
+            flags |= SQD_COMPLETION_REMOTE_INV;
+        }
+        Completion {
+            wr_id: r.wr_id,
+            status: r.status as u32,
+            opcode: r.opcode as u32,
+            vendor_err: r.vendor_err,
+            flags,
+            invalidated_rkey: r.remote_inv.unwrap_or(0),
+            modified_sge: 0,
+        }
     }
 }

@@ -210,7 +210,7 @@ impl CqShared {
                     Direction::Recv => q.recv_cq().is_some_and(|c| std::ptr::eq(Rc::as_ptr(c), self)),
                 };
                 if on_right_cq {
-                    q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8)
+                    q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc))
                 } else {
                     CqeFate::Stray
                 }

@@ -12,6 +12,8 @@ use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState};
 use crate::error::{Error, Result};
+use crate::verbs::control::Teardown;
+use crate::verbs::verify::VerifyStore;
 use crate::verbs::{pump_backlog, ForeignDeferred, ForeignRelease, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
 
 /// Largest depth (SQ, RQ or backlog) a queue accepts.
@@ -34,6 +36,10 @@ pub struct QueueConfig {
     pub signal_interval: u32,
     /// WRs parked while the SQ has no credit; 0 makes posts fail with `EAGAIN` instead.
     pub backlog_depth: u32,
+    /// Checksum the bytes of every SGE a WR reads (SEND, RDMA WRITE; not inline) when it is accepted and again at
+    /// its release; a difference is reported in the release (`SQD_COMPLETION_BUFFER_MODIFIED`) and counted.
+    /// The bytes must stay readable until the release (as rule 3 requires anyway). For debug and canary builds.
+    pub verify_buffers: bool,
 }
 
 /// What runs when a WR is released.
@@ -55,6 +61,39 @@ impl Deferred {
             Deferred::Foreign(f) => f.call(),
         }
     }
+}
+
+/// What a completion barrier does when it is reached.
+enum Action {
+    User(Deferred),
+    /// Post the library operation with this id (a deferred LocalInv).
+    PostOp(u32),
+    /// Deregister an MR or deallocate an MW.
+    Teardown(Teardown),
+}
+
+/// An MR whose uses the queue tracks precisely (see `Queue::track_mr`).
+struct TrackedMr {
+    lkey: u32,
+    /// `accepted` right after the newest WR whose SGEs use it (0: none yet).
+    last_use: u64,
+}
+
+/// How `Queue::invalidate` orders the LocalInv.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidateMode {
+    /// Posted only once a CQE covers every WR accepted before the request (works on every device).
+    Deferred,
+    /// Posted at once with `IBV_SEND_FENCE`: for devices that honour the Local Invalidate Fence.
+    Fenced,
+}
+
+/// A pending library operation.
+struct Op {
+    rkey: u32,
+    fence: bool,
+    wr_id: u64,
+    done: Option<ReleaseHandler>,
 }
 
 /// Counters and state of a queue (`struct sqd_queue_stats` in C).
@@ -105,6 +144,12 @@ pub struct QueueStats {
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
+    /// MRs tracked precisely (`sqd_queue_track_mr`).
+    pub tracked_mrs: u32,
+    /// Deferred deregistrations or deallocations that failed.
+    pub teardown_failures: u64,
+    /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
+    pub verify_mismatches: u64,
 }
 
 pub(crate) enum CqeFate {
@@ -117,7 +162,13 @@ pub(crate) enum CqeFate {
 struct QueueState {
     send: SendState<StagedWr>,
     recv: Option<RecvState>,
-    barriers: Barriers<Deferred>,
+    barriers: Barriers<Action>,
+    ops: Vec<Option<Op>>,
+    free_ops: Vec<u32>,
+    tracked: Vec<TrackedMr>,
+    teardown_failures: u64,
+    verify: Option<VerifyStore>,
+    verify_mismatches: u64,
     doorbells: u64,
     posted_since_poll: bool,
     watched: bool,
@@ -250,6 +301,14 @@ impl Queue {
                 send: SendState::new(c.sq_depth, interval, backlog),
                 recv: recv_cq.map(|_| RecvState::new(c.rq_depth)),
                 barriers: Barriers::default(),
+                ops: Vec::new(),
+                free_ops: Vec::new(),
+                tracked: Vec::new(),
+                teardown_failures: 0,
+                verify: c
+                    .verify_buffers
+                    .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
+                verify_mismatches: 0,
                 doorbells: 0,
                 posted_since_poll: false,
                 watched: false,
@@ -284,8 +343,54 @@ impl Queue {
     /// Runs `action` once every send WR accepted so far is released (at once if that is already so).
     pub fn defer(&self, action: Deferred) {
         let target = self.shared.state.borrow().send.accepted();
-        self.shared.state.borrow_mut().barriers.push(target, action);
+        self.shared.state.borrow_mut().barriers.push(target, Action::User(action));
         self.shared.run_releases();
+    }
+
+    /// Tracks the uses of the MR with `lkey` precisely: from now on the queue remembers the newest WR whose SGEs
+    /// name it, so [`Queue::defer_mr`] and [`Queue::defer_teardown`] on it wait only for the WRs that use it
+    /// (instead of every WR accepted so far). Costs a scan of the tracked MRs per SGE at post.
+    pub fn track_mr(&self, lkey: u32) -> Result<()> {
+        let mut st = self.shared.state.borrow_mut();
+        if st.tracked.iter().any(|t| t.lkey == lkey) {
+            return Err(Error::new(libc::EEXIST, format!("the MR with lkey {lkey:#x} is already tracked")));
+        }
+        st.tracked.push(TrackedMr { lkey, last_use: 0 });
+        Ok(())
+    }
+
+    /// Stops tracking the MR with `lkey` (`ENOENT` if it was not tracked).
+    pub fn untrack_mr(&self, lkey: u32) -> Result<()> {
+        let mut st = self.shared.state.borrow_mut();
+        let Some(i) = st.tracked.iter().position(|t| t.lkey == lkey) else {
+            return Err(Error::new(libc::ENOENT, format!("the MR with lkey {lkey:#x} is not tracked")));
+        };
+        st.tracked.swap_remove(i);
+        Ok(())
+    }
+
+    /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: after the release of
+    /// the newest WR that uses it when it is tracked, else after every WR accepted so far (at once if that is
+    /// already so).
+    pub fn defer_mr(&self, lkey: u32, action: Deferred) {
+        self.shared.defer_action(Some(lkey), Action::User(action));
+    }
+
+    /// Deregisters an MR (or deallocates an MW) once no in-flight WR can reference it: as [`Queue::defer_mr`]
+    /// with the MR's `lkey`, or after every WR accepted so far with `None` (memory windows, which WRs reference
+    /// by rkey at the peer). A failed deregistration is counted in `QueueStats::teardown_failures`.
+    pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) {
+        self.shared.defer_action(lkey, Action::Teardown(teardown));
+    }
+
+    /// Invalidates `rkey` (a LocalInv of an MR or MW the ULP exposed to its peer) at the first moment it is safe:
+    /// in `Deferred` mode the LocalInv is posted only once a CQE covers every WR accepted before this call (a
+    /// LocalInv is not ordered behind earlier WRs, IBA Table 79 'L'); in `Fenced` mode it is posted now with the
+    /// Local Invalidate Fence. The LocalInv is signaled and never shown by poll; when it has completed, `done`
+    /// receives a `Completion` with `wr_id`, opcode `IBV_WC_LOCAL_INV` and its status (`IBV_WC_WR_FLUSH_ERR` and
+    /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first).
+    pub fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
+        self.shared.invalidate(rkey, mode, wr_id, done)
     }
 
     /// Brings the queue to "everything released": stops taking WRs, covers an unsignaled tail with a marker so
@@ -319,6 +424,9 @@ impl Queue {
         }
         if let Some(r) = &st.recv {
             n += (r.depth() as usize).next_power_of_two() * slot;
+        }
+        if let Some(v) = &st.verify {
+            n += v.footprint();
         }
         n
     }
@@ -412,6 +520,7 @@ impl QueueShared {
             }
             match st.send.admit(w.wr_id(), op, ulp_signaled) {
                 Admit::Post { seq, signaled } => {
+                    st.note_accepted(w, shape.send_flags);
                     stash[run_len] = (w.wr_id(), shape.send_flags);
                     run_len += 1;
                     run_first.get_or_insert(w);
@@ -431,6 +540,7 @@ impl QueueShared {
                     }
                     st.send.backlog_vacant().stage_from(w, op);
                     st.send.commit_park();
+                    st.note_accepted(w, shape.send_flags);
                 }
                 Admit::Full => {
                     result = Err(PostError {
@@ -492,6 +602,7 @@ impl QueueShared {
             Ok(()) => Ok(()),
             Err(f) => {
                 st.send.rollback((n - f.posted) as u64, true);
+                st.forget_refused();
                 let mut bad = first;
                 for _ in 0..f.posted {
                     bad = bad.next().expect("run is linked");
@@ -561,7 +672,7 @@ impl QueueShared {
     }
 
     /// Processes one CQE of this queue, then hands out every release it made due.
-    pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8) -> CqeFate {
+    pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate {
         let fate = {
             let mut st = self.state.borrow_mut();
             match token.direction() {
@@ -570,7 +681,7 @@ impl QueueShared {
                     CqeOutcome::Hidden => CqeFate::Hidden,
                     CqeOutcome::Stray => return CqeFate::Stray,
                 },
-                Direction::Recv => match st.recv.as_mut().and_then(|r| r.on_cqe(token, status, vendor_err, wc_opcode)) {
+                Direction::Recv => match st.recv.as_mut().and_then(|r| r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv)) {
                     Some(wr_id) => CqeFate::Visible(wr_id),
                     None => return CqeFate::Stray,
                 },
@@ -590,26 +701,42 @@ impl QueueShared {
         loop {
             enum Item {
                 Release(Completion),
-                Deferred(Deferred),
+                OpDone(Option<ReleaseHandler>, Completion),
+                Action(Action),
             }
             let item = {
                 let mut st = self.state.borrow_mut();
                 let released = st.send.released();
-                if let Some(d) = st.barriers.pop_ready(released) {
-                    Some(Item::Deferred(d))
+                if let Some(a) = st.barriers.pop_ready(released) {
+                    Some(Item::Action(a))
                 } else if let Some(r) = st.send.next_release() {
-                    Some(Item::Release(Completion::from((r, false))))
+                    if r.op {
+                        let (done, c) = st.finish_op(Completion::from((r, false)));
+                        Some(Item::OpDone(done, c))
+                    } else {
+                        let mut c = Completion::from((r, false));
+                        let k = st.send.released() - 1;
+                        if let Some(sge) = st.verify.as_ref().and_then(|v| v.check(k)) {
+                            c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                            c.modified_sge = sge;
+                            st.verify_mismatches += 1;
+                        }
+                        Some(Item::Release(c))
+                    }
                 } else {
                     st.recv.as_mut().and_then(|r| r.next_release()).map(|r| Item::Release(Completion::from((r, true))))
                 }
             };
             match item {
-                Some(Item::Release(c)) => match &self.release {
-                    Some(ReleaseHandler::Closure(f)) => f(&c),
-                    Some(ReleaseHandler::Foreign(f)) => f.call(&c),
-                    None => {}
-                },
-                Some(Item::Deferred(d)) => d.run(),
+                Some(Item::Release(c)) => call(self.release.as_ref(), &c),
+                Some(Item::OpDone(done, c)) => call(done.as_ref(), &c),
+                Some(Item::Action(Action::User(d))) => d.run(),
+                Some(Item::Action(Action::PostOp(id))) => self.post_op(id),
+                Some(Item::Action(Action::Teardown(t))) => {
+                    if t.run() != 0 {
+                        self.state.borrow_mut().teardown_failures += 1;
+                    }
+                }
                 None => {
                     let pumped = {
                         let mut st = self.state.borrow_mut();
@@ -635,6 +762,104 @@ impl QueueShared {
                     }
                 }
             }
+        }
+    }
+
+    fn defer_action(&self, lkey: Option<u32>, action: Action) {
+        {
+            let mut st = self.state.borrow_mut();
+            let target = match lkey.and_then(|k| st.tracked.iter().find(|t| t.lkey == k)) {
+                Some(t) => t.last_use,
+                None => st.send.accepted(),
+            };
+            st.barriers.push(target, action);
+        }
+        self.run_releases();
+    }
+
+    fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
+        let fence = mode == InvalidateMode::Fenced;
+        {
+            let mut st = self.state.borrow_mut();
+            if let Some(c) = st.send.closed() {
+                return Err(closed_error(c));
+            }
+            if fence && st.send.credits() == 0 && st.send.backlog_len() == st.send.backlog_capacity() {
+                return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+            }
+            let id = st.new_op(Op { rkey, fence, wr_id, done });
+            if fence {
+                drop(st);
+                self.post_op(id);
+            } else {
+                let target = st.send.accepted();
+                st.barriers.push(target, Action::PostOp(id));
+            }
+        }
+        self.run_releases();
+        Ok(())
+    }
+
+    /// Posts (or parks) library operation `id`. A queue that no longer takes WRs completes it at once as
+    /// never posted; one without room retries after the next release.
+    fn post_op(&self, id: u32) {
+        let never_posted = |vendor_err: u32| Completion {
+            wr_id: id as u64,
+            status: crate::discipline::opcode::WC_WR_FLUSH_ERR as u32,
+            opcode: crate::discipline::opcode::WC_LOCAL_INV as u32,
+            vendor_err,
+            flags: crate::completion::SQD_COMPLETION_NEVER_POSTED,
+            ..Completion::default()
+        };
+        let finished = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            let (rkey, fence) = {
+                let op = st.ops[id as usize].as_ref().expect("a posted op is pending");
+                (op.rkey, op.fence)
+            };
+            if st.send.closed().is_some() {
+                Some(st.finish_op(never_posted(0)))
+            } else {
+                let admitted = st.send.admit_op(id as u64, crate::discipline::opcode::WC_LOCAL_INV);
+                if matches!(admitted, Admit::Post { .. }) {
+                    let k = st.send.accepted() - 1;
+                    if let Some(v) = &mut st.verify {
+                        v.record_none(k);
+                    }
+                }
+                match admitted {
+                    Admit::Post { seq, .. } => {
+                        st.doorbells += 1;
+                        let token = Token::new(self.send_index, Direction::Send, seq).0;
+                        match self.qp.post_local_inv(token, rkey, fence) {
+                            Ok(()) => None,
+                            Err(errno) => {
+                                // The provider refused it: nothing reached the HCA; report it as never posted.
+                                st.send.rollback(1, true);
+                                Some(st.finish_op(never_posted(errno as u32)))
+                            }
+                        }
+                    }
+                    Admit::Park => {
+                        st.send.backlog_vacant().stage_local_inv(id as u64, rkey, fence);
+                        st.send.commit_park();
+                        let k = st.send.accepted() - 1;
+                        if let Some(v) = &mut st.verify {
+                            v.record_none(k);
+                        }
+                        None
+                    }
+                    Admit::Full => {
+                        let target = st.send.released() + 1;
+                        st.barriers.push(target, Action::PostOp(id));
+                        None
+                    }
+                }
+            }
+        };
+        if let Some((done, c)) = finished {
+            call(done.as_ref(), &c);
         }
     }
 
@@ -739,7 +964,66 @@ impl QueueShared {
                 _ => 0,
             },
             closed: st.send.closed().is_some() as u32,
+            tracked_mrs: st.tracked.len() as u32,
+            teardown_failures: st.teardown_failures,
+            verify_mismatches: st.verify_mismatches,
         }
+    }
+}
+
+fn call(handler: Option<&ReleaseHandler>, c: &Completion) {
+    match handler {
+        Some(ReleaseHandler::Closure(f)) => f(c),
+        Some(ReleaseHandler::Foreign(f)) => f.call(c),
+        None => {}
+    }
+}
+
+impl QueueState {
+    /// Bookkeeping for the WR just accepted: the tracked MRs its SGEs name, and its checksums when verifying.
+    #[inline]
+    fn note_accepted(&mut self, w: WrPtr<'_>, send_flags: u32) {
+        let now = self.send.accepted();
+        if !self.tracked.is_empty() && send_flags & SEND_INLINE == 0 {
+            for sge in w.sges() {
+                if let Some(t) = self.tracked.iter_mut().find(|t| t.lkey == sge.lkey) {
+                    t.last_use = now;
+                }
+            }
+        }
+        if let Some(v) = &mut self.verify {
+            v.record(now - 1, w);
+        }
+    }
+
+    /// The provider refused WRs: uses recorded for them point past what is accepted now.
+    fn forget_refused(&mut self) {
+        let now = self.send.accepted();
+        for t in &mut self.tracked {
+            t.last_use = t.last_use.min(now);
+        }
+    }
+
+    fn new_op(&mut self, op: Op) -> u32 {
+        match self.free_ops.pop() {
+            Some(id) => {
+                self.ops[id as usize] = Some(op);
+                id
+            }
+            None => {
+                self.ops.push(Some(op));
+                (self.ops.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Retires operation `c.wr_id`: returns its handler and the completion to give it (with the ULP's wr_id).
+    fn finish_op(&mut self, mut c: Completion) -> (Option<ReleaseHandler>, Completion) {
+        let id = c.wr_id as u32;
+        let op = self.ops[id as usize].take().expect("a released op is pending");
+        self.free_ops.push(id);
+        c.wr_id = op.wr_id;
+        (op.done, c)
     }
 }
 

@@ -3,12 +3,13 @@
 use std::ffi::c_void;
 use std::ptr;
 
-use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_send_wr};
+use rdma_sys::{ibv_mr, ibv_mw, ibv_qp, ibv_recv_wr, ibv_send_wr};
 
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
 use crate::completion::Completion;
 use crate::cq::Cq;
-use crate::queue::{Deferred, Queue, QueueConfig, QueueStats, ReleaseHandler};
+use crate::queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats, ReleaseHandler};
+use crate::verbs::control::Teardown;
 use crate::verbs::{ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
 use crate::Error;
 
@@ -18,6 +19,17 @@ pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Com
 
 /// A deferred action (see `sqd_defer`).
 pub type DeferFn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
+
+/// `sqd_queue_attr.flags`: checksum every SGE a SEND or RDMA WRITE reads (not inline data) when the WR is
+/// accepted and again at its release; a difference sets `SQD_COMPLETION_BUFFER_MODIFIED` and `modified_sge` in
+/// the release and counts in `sqd_queue_stats.verify_mismatches`. The bytes must stay readable until the
+/// release. Costs about a cycle per byte twice; for debug and canary builds.
+pub const SQD_QUEUE_VERIFY_BUFFERS: u32 = 1;
+const QUEUE_FLAGS: u32 = SQD_QUEUE_VERIFY_BUFFERS;
+
+/// `sqd_invalidate` flag: post the LocalInv at once with `IBV_SEND_FENCE` (the Local Invalidate Fence), for
+/// devices that honour it, instead of waiting for a completion that covers the earlier WRs.
+pub const SQD_INVALIDATE_FENCE: u32 = 1;
 
 /// How to manage a QP (`struct sqd_queue_attr`). Depths are what the QP was actually granted: read the caps
 /// back from `ibv_create_qp`'s `init_attr.cap`.
@@ -41,7 +53,7 @@ pub struct QueueAttr {
     pub release: ReleaseFn,
     /// Passed to `release`.
     pub release_ctx: *mut c_void,
-    /// Reserved: must be 0.
+    /// `SQD_QUEUE_*` bits; unknown bits are refused (`-EINVAL`).
     pub flags: u32,
 }
 
@@ -76,8 +88,12 @@ pub extern "C" fn sqd_queue_new(
         let attr = try_ref!(attr, "attr");
         // SAFETY: non-NULL handles come from `sqd_cq_new` (the caller's promise).
         let recv_cq = (!recv_cq.is_null()).then(|| unsafe { &*recv_cq });
-        if attr.flags != 0 {
-            return fail(&Error::invalid(format!("attr->flags is {:#x}; no flags are defined, it must be 0", attr.flags)));
+        if attr.flags & !QUEUE_FLAGS != 0 {
+            return fail(&Error::invalid(format!(
+                "attr->flags {:#x} has unknown bits {:#x}",
+                attr.flags,
+                attr.flags & !QUEUE_FLAGS
+            )));
         }
         // SAFETY: the caller passes a valid QP (or NULL, rejected inside) that outlives the queue.
         let qp = match unsafe { QpHandle::from_raw(qp) } {
@@ -91,6 +107,7 @@ pub extern "C" fn sqd_queue_new(
             rq_depth: attr.rq_depth,
             signal_interval: attr.signal_interval,
             backlog_depth: attr.backlog_depth,
+            verify_buffers: attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0,
         };
         // SAFETY: the C caller promises `release` may be called with `release_ctx` while the queue exists.
         let release = attr.release.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, attr.release_ctx) }));
@@ -233,6 +250,115 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
         let q = try_ref!(q, "q");
         let out = try_mut!(out, "out");
         *out = q.stats();
+        0
+    })
+}
+
+/// Invalidates `rkey` (an MR or memory window the ULP exposed to its peer) at the first moment it is safe, and
+/// reports when the invalidation itself has completed.
+///
+/// Without flags the `IBV_WR_LOCAL_INV` is posted only once a completion covers every WR accepted on the queue
+/// before this call: a LocalInv is not ordered behind earlier WRs (IBA Table 79, 'L'), so posting it at once
+/// could invalidate keys an earlier, not yet acknowledged WR still needs for a retransmission. With
+/// `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
+/// that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
+/// NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
+/// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+/// remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
+/// LocalInv unless it had been posted by then: use `done`.
+///
+/// If the peer already invalidated the rkey with SEND_WITH_INV, the receive's release says so
+/// (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
+///
+/// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
+/// (fenced, and neither an SQ slot nor backlog room).
+#[no_mangle]
+pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        if flags & !SQD_INVALIDATE_FENCE != 0 {
+            return fail(&Error::invalid(format!("flags {flags:#x} has unknown bits")));
+        }
+        let mode = if flags & SQD_INVALIDATE_FENCE != 0 { InvalidateMode::Fenced } else { InvalidateMode::Deferred };
+        // SAFETY: the C caller promises `done` may be called once with `done_ctx`.
+        let done = done.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, done_ctx) }));
+        status(q.invalidate(rkey, mode, wr_id, done))
+    })
+}
+
+/// Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
+/// name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
+/// of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
+/// tear down while traffic continues, not every MR.
+///
+/// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
+#[no_mangle]
+pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let mr = try_ref!(mr, "mr");
+        status(q.track_mr(mr.lkey))
+    })
+}
+
+/// Stops tracking `mr`. Returns 0, or `-EINVAL` (NULL argument), `-ENOENT` (not tracked).
+#[no_mangle]
+pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let mr = try_ref!(mr, "mr");
+        status(q.untrack_mr(mr.lkey))
+    })
+}
+
+/// Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
+/// WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
+/// once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+///
+/// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
+#[no_mangle]
+pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let mr = try_ref!(mr, "mr");
+        let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
+        // SAFETY: the C caller promises `fn` may be called once with `ctx`.
+        q.defer_mr(mr.lkey, Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) }));
+        0
+    })
+}
+
+/// Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
+/// queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
+/// use or deregister it yourself afterwards. A failed deregistration counts in
+/// `sqd_queue_stats.teardown_failures`.
+///
+/// Returns 0, or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let lkey = try_ref!(mr, "mr").lkey;
+        // SAFETY: the caller hands `mr` over to be deregistered once, later.
+        q.defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) });
+        0
+    })
+}
+
+/// Deallocates the memory window `mw` (`ibv_dealloc_mw`, through its context's ops) once every WR accepted on
+/// the queue so far is released. Ownership of `mw` passes to the queue. A failure counts in
+/// `sqd_queue_stats.teardown_failures`.
+///
+/// Returns 0, or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        if mw.is_null() {
+            return fail(&Error::invalid("mw is NULL"));
+        }
+        // SAFETY: the caller hands `mw` over to be deallocated once, later.
+        q.defer_teardown(None, unsafe { Teardown::dealloc_mw(mw) });
         0
     })
 }

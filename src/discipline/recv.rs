@@ -54,7 +54,7 @@ impl RecvState {
 
     /// Maps a polled receive CQE; returns the ULP's wr_id, or `None` for a stray.
     #[inline]
-    pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8) -> Option<u64> {
+    pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
         let seq = token.seq_from(self.ring.done());
         if seq != self.ring.done() || !self.ring.is_pending(seq) {
             self.stray_cqes += 1;
@@ -62,17 +62,32 @@ impl RecvState {
         }
         self.cqes += 1;
         let wr_id = self.ring.get(seq).wr_id;
-        if status == 0 {
-            self.ring.get_mut(seq).opcode = wc_opcode;
-        }
         self.ring.complete_through(seq, status, vendor_err);
+        if status == 0 {
+            let slot = self.ring.get_mut(seq);
+            slot.opcode = wc_opcode;
+            if let Some(rkey) = remote_inv {
+                slot.vendor_err = rkey;
+                slot.flags |= Slot::REMOTE_INV;
+            }
+        }
         Some(wr_id)
     }
 
     #[inline]
     pub fn next_release(&mut self) -> Option<Release> {
         let (_, s) = self.ring.pop_done()?;
-        Some(Release { wr_id: s.wr_id, status: s.status, opcode: s.opcode, vendor_err: s.vendor_err, implied: false, never_posted: false })
+        let remote_inv = s.has(Slot::REMOTE_INV).then_some(s.vendor_err);
+        Some(Release {
+            wr_id: s.wr_id,
+            status: s.status,
+            opcode: s.opcode,
+            vendor_err: if remote_inv.is_some() { 0 } else { s.vendor_err },
+            implied: false,
+            never_posted: false,
+            op: false,
+            remote_inv,
+        })
     }
 }
 
@@ -87,11 +102,11 @@ mod tests {
         let a = r.admit(10).unwrap();
         let b = r.admit(11).unwrap();
         assert_eq!(r.admit(12), None, "RQ full");
-        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 0, 0, 128), None, "out of order is a stray");
-        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, a), 0, 0, 129), Some(10));
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 0, 0, 128, None), None, "out of order is a stray");
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, a), 0, 0, 129, Some(0x77)), Some(10));
         let rel = r.next_release().unwrap();
-        assert_eq!((rel.wr_id, rel.opcode), (10, 129));
-        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 5, 7, 0), Some(11));
+        assert_eq!((rel.wr_id, rel.opcode, rel.remote_inv, rel.vendor_err), (10, 129, Some(0x77), 0));
+        assert_eq!(r.on_cqe(Token::new(0, Direction::Recv, b), 5, 7, 0, None), Some(11));
         let rel = r.next_release().unwrap();
         assert_eq!((rel.wr_id, rel.status, rel.vendor_err, rel.opcode), (11, 5, 7, 128));
         assert_eq!(r.credits(), 2);

@@ -30,6 +30,12 @@ impl Slot {
     pub const INTERNAL: u8 = 4;
     /// Its own CQE retired it (as opposed to a later CQE: the completion is implied).
     pub const OWN_CQE: u8 = 8;
+    /// An operation the library posts for the ULP (a deferred LocalInv): never shown by poll; its release goes to
+    /// the operation's own completion handler. `wr_id` holds the operation's id.
+    pub const OP: u8 = 16;
+    /// A receive whose SEND_WITH_INV invalidated an rkey; `vendor_err` holds that rkey (success CQEs have no
+    /// vendor error).
+    pub const REMOTE_INV: u8 = 32;
 
     #[inline]
     pub fn has(&self, flag: u8) -> bool {

@@ -23,6 +23,8 @@ pub trait Parked {
     fn wc_opcode(&self) -> u8;
     /// The ULP asked for a completion.
     fn ulp_signaled(&self) -> bool;
+    /// A library operation (see `Slot::OP`).
+    fn is_op(&self) -> bool;
 }
 
 /// The decision for one WR handed to the queue.
@@ -47,6 +49,10 @@ pub struct Release {
     pub implied: bool,
     /// Released from the backlog: the HCA never saw it.
     pub never_posted: bool,
+    /// A library operation: `wr_id` is the operation's id.
+    pub op: bool,
+    /// A receive whose sender invalidated this rkey (`IBV_WC_WITH_INV`).
+    pub remote_inv: Option<u32>,
 }
 
 /// What a polled send CQE means.
@@ -172,14 +178,31 @@ impl<T: Parked> SendState<T> {
             return Admit::Park;
         }
         self.accepted += 1;
-        self.post_slot(wr_id, wc_opcode, ulp_signaled, credits)
+        self.post_slot(wr_id, wc_opcode, ulp_signaled, false, credits)
+    }
+
+    /// Like `admit`, for a library operation: always signaled (its own completion is what it reports), never
+    /// shown by poll.
+    pub fn admit_op(&mut self, op_id: u64, wc_opcode: u8) -> Admit {
+        let credits = self.credits();
+        if credits == 0 || !self.backlog.is_empty() {
+            if self.backlog.is_full() {
+                self.counters.refused += 1;
+                return Admit::Full;
+            }
+            return Admit::Park;
+        }
+        self.accepted += 1;
+        self.post_slot(op_id, wc_opcode, true, true, credits)
     }
 
     #[inline]
-    fn post_slot(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool, credits: u32) -> Admit {
+    fn post_slot(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool, op: bool, credits: u32) -> Admit {
         let signaled = self.policy.decide(ulp_signaled, credits == 1);
         let mut flags = 0;
-        if ulp_signaled {
+        if op {
+            flags |= Slot::OP;
+        } else if ulp_signaled {
             flags |= Slot::ULP_SIGNALED;
             self.counters.signaled_by_ulp += 1;
         } else if signaled {
@@ -220,8 +243,10 @@ impl<T: Parked> SendState<T> {
         let credits = self.credits();
         debug_assert!(credits > 0 && i < self.backlog.len());
         let e = self.backlog.get_mut(i);
-        let (wr_id, op, ulp_signaled) = (e.wr_id(), e.wc_opcode(), e.ulp_signaled());
-        let Admit::Post { seq, signaled } = self.post_slot(wr_id, op, ulp_signaled, credits) else { unreachable!() };
+        let (wr_id, op, ulp_signaled, is_op) = (e.wr_id(), e.wc_opcode(), e.ulp_signaled(), e.is_op());
+        let Admit::Post { seq, signaled } = self.post_slot(wr_id, op, ulp_signaled || is_op, is_op, credits) else {
+            unreachable!()
+        };
         (seq, signaled, self.backlog.get_mut(i))
     }
 
@@ -283,7 +308,7 @@ impl<T: Parked> SendState<T> {
         if status != WC_SUCCESS && self.failed.is_none() {
             self.failed = Some(status);
         }
-        if slot.has(Slot::INTERNAL) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
+        if slot.has(Slot::INTERNAL | Slot::OP) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
             CqeOutcome::Hidden
         } else {
             CqeOutcome::Visible { wr_id: slot.wr_id }
@@ -310,6 +335,8 @@ impl<T: Parked> SendState<T> {
                 vendor_err: slot.vendor_err,
                 implied: !slot.has(Slot::OWN_CQE),
                 never_posted: false,
+                op: slot.has(Slot::OP),
+                remote_inv: None,
             });
         }
         if self.closed().is_some() && self.ring.outstanding() == 0 && !self.backlog.is_empty() {
@@ -321,6 +348,8 @@ impl<T: Parked> SendState<T> {
                 vendor_err: 0,
                 implied: false,
                 never_posted: true,
+                op: e.is_op(),
+                remote_inv: None,
             };
             self.backlog.pop_front(1);
             self.released += 1;
@@ -343,9 +372,12 @@ impl<D> Default for Barriers<D> {
 }
 
 impl<D> Barriers<D> {
+    /// Adds an action that runs once `released` reaches `target`. Actions run in target order, and in the order
+    /// they were added among equal targets (a precise per-MR barrier may have an earlier target than a
+    /// queue-wide one added before it).
     pub fn push(&mut self, target: u64, action: D) {
-        debug_assert!(self.waiting.back().map_or(true, |(t, _)| *t <= target));
-        self.waiting.push_back((target, action));
+        let at = self.waiting.iter().rposition(|(t, _)| *t <= target).map_or(0, |i| i + 1);
+        self.waiting.insert(at, (target, action));
     }
     /// The oldest action whose target `released` has reached.
     #[inline]
@@ -360,5 +392,26 @@ impl<D> Barriers<D> {
     }
     pub fn is_empty(&self) -> bool {
         self.waiting.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn barriers_run_in_target_order_stable_among_equals() {
+        let mut b = Barriers::default();
+        b.push(5, "a");
+        b.push(3, "b");
+        b.push(5, "c");
+        b.push(0, "d");
+        assert_eq!(b.pop_ready(0), Some("d"));
+        assert_eq!(b.pop_ready(2), None);
+        assert_eq!(b.pop_ready(3), Some("b"));
+        assert_eq!(b.pop_ready(4), None);
+        assert_eq!(b.pop_ready(9), Some("a"));
+        assert_eq!(b.pop_ready(9), Some("c"));
+        assert!(b.is_empty());
     }
 }

@@ -6,9 +6,11 @@
 //! layer upholds; their methods are then safe.
 
 mod callback;
+pub mod control;
 mod cq;
 mod qp;
 mod staged;
+pub mod verify;
 mod wr;
 
 pub use callback::{ForeignDeferred, ForeignRelease};
@@ -18,6 +20,18 @@ pub use staged::{pump_backlog, StagedWr};
 pub use wr::{RecvChain, RecvWrPtr, SendChain, WrPtr};
 
 pub use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
+
+/// The rkey a receive completion says the sender invalidated (`IBV_WC_WITH_INV`), if any.
+#[inline]
+pub fn wc_invalidated_rkey(wc: &ibv_wc) -> Option<u32> {
+    const WITH_INV: u32 = rdma_sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+    if wc.status == 0 && wc.wc_flags & WITH_INV != 0 {
+        // SAFETY: both members of the union are plain u32; with IBV_WC_WITH_INV the provider wrote the rkey.
+        Some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey })
+    } else {
+        None
+    }
+}
 
 /// libibverbs providers return a positive errno; some return it negated. Normalise to positive.
 fn errno_of(ret: i32) -> i32 {

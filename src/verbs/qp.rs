@@ -102,6 +102,19 @@ impl QpHandle {
         }
     }
 
+    /// Posts the library's signaled LocalInv of `rkey` (optionally with the Local Invalidate Fence).
+    pub fn post_local_inv(&self, token: u64, rkey: u32, fence: bool) -> std::result::Result<(), i32> {
+        let mut wr = super::staged::local_inv_wr(token, rkey, fence);
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: valid QP; `wr` is a complete one-WR chain on our stack for the duration of the call.
+        let ret = unsafe { (self.post_send)(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(errno_of(ret))
+        }
+    }
+
     /// Posts a NULL-terminated receive chain with one provider call.
     #[inline]
     pub fn post_recv_chain(&self, first: RecvWrPtr<'_>) -> std::result::Result<(), PostFailure> {

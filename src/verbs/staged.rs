@@ -19,6 +19,7 @@ pub struct StagedWr {
     ulp_wr_id: u64,
     ulp_flags: u32,
     wc_opcode: u8,
+    op: bool,
     sges: Box<[ibv_sge]>,
     inline: Box<[u8]>,
 }
@@ -33,6 +34,9 @@ impl Parked for StagedWr {
     fn ulp_signaled(&self) -> bool {
         self.ulp_flags & SEND_SIGNALED != 0
     }
+    fn is_op(&self) -> bool {
+        self.op
+    }
 }
 
 impl StagedWr {
@@ -44,6 +48,7 @@ impl StagedWr {
             ulp_wr_id: 0,
             ulp_flags: 0,
             wc_opcode: 0,
+            op: false,
             sges: vec![ibv_sge { addr: 0, length: 0, lkey: 0 }; max_sge.max(1) as usize].into_boxed_slice(),
             inline: vec![0u8; max_inline as usize].into_boxed_slice(),
         }
@@ -62,6 +67,7 @@ impl StagedWr {
         self.ulp_wr_id = self.wr.wr_id;
         self.ulp_flags = self.wr.send_flags;
         self.wc_opcode = wc_opcode;
+        self.op = false;
         if self.ulp_flags & SEND_INLINE != 0 {
             let mut at = 0usize;
             for s in sges {
@@ -80,11 +86,31 @@ impl StagedWr {
         self.wr.sg_list = self.sges.as_mut_ptr();
     }
 
+    /// Parks a library LocalInv operation `op_id` for `rkey`.
+    pub fn stage_local_inv(&mut self, op_id: u64, rkey: u32, fence: bool) {
+        self.wr = local_inv_wr(0, rkey, fence);
+        self.ulp_wr_id = op_id;
+        self.ulp_flags = self.wr.send_flags;
+        self.wc_opcode = crate::discipline::opcode::WC_LOCAL_INV;
+        self.op = true;
+    }
+
     fn prepare(&mut self, token: u64, signaled: bool) {
         self.wr.wr_id = token;
         self.wr.send_flags = if signaled { self.ulp_flags | SEND_SIGNALED } else { self.ulp_flags };
         self.wr.next = ptr::null_mut();
     }
+}
+
+/// A signaled `IBV_WR_LOCAL_INV` of `rkey`, fenced (Local Invalidate Fence) when asked.
+pub(crate) fn local_inv_wr(token: u64, rkey: u32, fence: bool) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid `ibv_send_wr` (integers, NULL pointers, unions of those).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = token;
+    wr.opcode = crate::discipline::opcode::WR_LOCAL_INV;
+    wr.send_flags = SEND_SIGNALED | if fence { crate::discipline::opcode::SEND_FENCE } else { 0 };
+    wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+    wr
 }
 
 /// Posts as many parked WRs as credits allow, oldest first, with one provider call. Returns how many went in.

@@ -75,7 +75,7 @@ pub struct Rig {
 }
 
 pub fn config(sq_depth: u32, signal_interval: u32, backlog_depth: u32) -> QueueConfig {
-    QueueConfig { sq_depth, max_send_sge: 4, max_inline_data: 64, rq_depth: 0, signal_interval, backlog_depth }
+    QueueConfig { sq_depth, max_send_sge: 4, max_inline_data: 64, signal_interval, backlog_depth, ..QueueConfig::default() }
 }
 
 pub fn logger(log: &Log) -> ReleaseHandler {

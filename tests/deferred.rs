@@ -1,0 +1,245 @@
+//! Deferred invalidation, deregistration with precise per-MR tracking, and buffer verification, on the
+//! scripted device.
+
+mod common;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use common::*;
+use sqdisc::verbs::control::{register_device, Teardown};
+use sqdisc::{Completion, Deferred, InvalidateMode, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_NEVER_POSTED};
+
+const WR_LOCAL_INV: u32 = 7;
+const FENCE: u32 = 1;
+const WC_LOCAL_INV: u32 = 6;
+
+fn done_log() -> (Rc<RefCell<Vec<Completion>>>, ReleaseHandler) {
+    let log: Rc<RefCell<Vec<Completion>>> = Rc::default();
+    let l = log.clone();
+    (log, ReleaseHandler::Closure(Box::new(move |c: &Completion| l.borrow_mut().push(*c))))
+}
+
+fn local_invs(rig: &Rig) -> Vec<(u32, u32)> {
+    let n = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
+    (0..n)
+        .map(|i| rig.dev.wqe(rig.qp, i).unwrap())
+        .filter(|w| w.opcode == WR_LOCAL_INV)
+        .map(|w| (w.imm_data, w.send_flags))
+        .collect()
+}
+
+#[test]
+fn a_deferred_local_inv_waits_for_a_cqe_covering_every_earlier_wr() {
+    let rig = Rig::new(config(16, 8, 0), 64);
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    let (done, handler) = done_log();
+    rig.q().invalidate(0xbeef, InvalidateMode::Deferred, 77, Some(handler)).unwrap();
+    assert!(local_invs(&rig).is_empty(), "not posted while the earlier WRs are not proven done");
+    rig.complete(usize::MAX); // the SENDs execute, but nothing signaled covers them yet
+    rig.poll_all();
+    assert!(local_invs(&rig).is_empty());
+    rig.poll_all(); // idle tail: marker
+    rig.complete(usize::MAX);
+    assert!(rig.poll_all().is_empty());
+    assert_eq!(rig.released_ids(), vec![0, 1, 2]);
+    let invs = local_invs(&rig);
+    assert_eq!(invs.len(), 1, "posted right after the covering CQE");
+    assert_eq!(invs[0].0, 0xbeef);
+    assert_ne!(invs[0].1 & SIGNALED, 0, "signaled, so its own completion reports it");
+    assert_eq!(invs[0].1 & FENCE, 0);
+    assert!(done.borrow().is_empty());
+    rig.complete(usize::MAX);
+    assert!(rig.poll_all().is_empty(), "its completion is the library's: not shown");
+    let d = done.borrow();
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].wr_id, d[0].status, d[0].opcode, d[0].flags), (77, WC_SUCCESS, WC_LOCAL_INV, 0));
+    assert_eq!(rig.log.borrow().len(), 3, "the ULP's release callback never sees the library's LocalInv");
+    rig.q().check_free().unwrap();
+}
+
+#[test]
+fn a_fenced_local_inv_is_posted_at_once_with_the_fence() {
+    let rig = Rig::new(config(16, 8, 0), 64);
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    let (done, handler) = done_log();
+    rig.q().invalidate(0x51, InvalidateMode::Fenced, 5, Some(handler)).unwrap();
+    assert_eq!(local_invs(&rig), vec![(0x51, SIGNALED | FENCE)]);
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(rig.released_ids(), vec![0, 1, 2], "its CQE also retires the WRs before it");
+    assert_eq!(done.borrow().len(), 1);
+}
+
+#[test]
+fn an_invalidation_pending_when_the_queue_fails_is_reported_never_posted() {
+    let rig = Rig::new(config(16, 8, 0), 64);
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    let (done, handler) = done_log();
+    rig.q().invalidate(0x99, InvalidateMode::Deferred, 9, Some(handler)).unwrap();
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 0).unwrap();
+    rig.poll_all();
+    let d = done.borrow();
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].wr_id, d[0].status), (9, WC_WR_FLUSH_ERR));
+    assert_ne!(d[0].flags & SQD_COMPLETION_NEVER_POSTED, 0);
+    assert!(local_invs(&rig).is_empty());
+    assert_eq!(
+        rig.q().invalidate(1, InvalidateMode::Deferred, 0, None).unwrap_err().errno(),
+        libc::EIO,
+        "a failed queue refuses new invalidations"
+    );
+}
+
+#[test]
+fn a_deferred_local_inv_without_credits_is_parked_and_posted_in_order() {
+    let rig = Rig::new(config(4, 4, 8), 64);
+    rig.post(&mut Chain::sends(0..4, 0)).unwrap();
+    rig.post(&mut Chain::sends(4..6, 0)).unwrap(); // parked
+    let (done, handler) = done_log();
+    rig.q().invalidate(0x42, InvalidateMode::Deferred, 1, Some(handler)).unwrap();
+    for _ in 0..10 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(rig.released_ids(), (0..6).collect::<Vec<_>>());
+    assert_eq!(done.borrow().len(), 1);
+    // The LocalInv went to the provider after all six SENDs.
+    let n = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
+    let order: Vec<u32> = (0..n).map(|i| rig.dev.wqe(rig.qp, i).unwrap().opcode).filter(|&o| o != WR_RDMA_WRITE).collect();
+    assert_eq!(order, vec![WR_SEND, WR_SEND, WR_SEND, WR_SEND, WR_SEND, WR_SEND, WR_LOCAL_INV]);
+    assert!(rig.dev.violations().is_empty());
+}
+
+fn with_lkey(mut c: Chain, i: usize, lkey: u32) -> Chain {
+    c.sges[i][0].lkey = lkey;
+    c
+}
+
+#[test]
+fn a_tracked_mr_is_released_as_soon_as_the_wrs_using_it_are() {
+    let rig = Rig::new(config(16, 2, 0), 64);
+    rig.q().track_mr(100).unwrap();
+    assert_eq!(rig.q().track_mr(100).unwrap_err().errno(), libc::EEXIST);
+    // WR 0 uses MR 100; WRs 1..6 use another MR.
+    rig.post(&mut with_lkey(Chain::sends(0..6, 0), 0, 100)).unwrap();
+    let fired_after: Rc<RefCell<Vec<(&str, usize)>>> = Rc::default();
+    let (f, log) = (fired_after.clone(), rig.log.clone());
+    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr100", log.borrow().len())))));
+    let (f, log) = (fired_after.clone(), rig.log.clone());
+    rig.q().defer_mr(7, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr7", log.borrow().len())))));
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    rig.poll_all();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(rig.log.borrow().len(), 6);
+    assert_eq!(
+        *fired_after.borrow(),
+        vec![("mr100", 1), ("mr7", 6)],
+        "tracked: right after the release of its only user; untracked: after every WR accepted before it"
+    );
+    // Unused tracked MR: at once.
+    rig.q().track_mr(300).unwrap();
+    let f = fired_after.clone();
+    rig.q().defer_mr(300, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr300", 0)))));
+    assert_eq!(fired_after.borrow().len(), 3);
+    rig.q().untrack_mr(300).unwrap();
+    assert_eq!(rig.q().untrack_mr(300).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(rig.q().stats().tracked_mrs, 1);
+}
+
+thread_local! {
+    static DEREGS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+unsafe fn fake_dereg(mr: *mut rdma_sys::ibv_mr) -> i32 {
+    // SAFETY: the test's own MR struct.
+    DEREGS.with(|d| d.borrow_mut().push(unsafe { (*mr).lkey }));
+    0
+}
+
+#[test]
+fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
+    let rig = Rig::new(config(16, 2, 0), 64);
+    let ctx = rig.dev.context();
+    register_device(ctx, fake_dereg);
+    // SAFETY: all-zero is a valid `ibv_mr`.
+    let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
+    mr.context = ctx;
+    mr.lkey = 100;
+    rig.q().track_mr(100).unwrap();
+    rig.post(&mut with_lkey(Chain::sends(0..4, 0), 2, 100)).unwrap();
+    // SAFETY: `mr` outlives the queue's use of it below.
+    rig.q().defer_teardown(Some(100), unsafe { Teardown::dereg_mr(&mut mr) });
+    assert!(DEREGS.with(|d| d.borrow().is_empty()));
+    for _ in 0..3 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![100], "exactly once");
+    sqdisc::verbs::control::unregister_device(ctx);
+    // A memory window whose provider cannot deallocate it: the failure is counted, not lost.
+    // SAFETY: all-zero is a valid `ibv_mw`.
+    let mut mw: rdma_sys::ibv_mw = unsafe { std::mem::zeroed() };
+    mw.context = ctx;
+    // SAFETY: `mw` outlives the call (nothing is outstanding: it runs at once).
+    rig.q().defer_teardown(None, unsafe { Teardown::dealloc_mw(&mut mw) });
+    assert_eq!(rig.q().stats().teardown_failures, 1);
+}
+
+#[test]
+fn a_deferred_action_may_post_and_defer_again() {
+    let rig = Rig::new(config(16, 4, 0), 64);
+    let q = rig.queue.as_ref().unwrap() as *const sqdisc::Queue;
+    let fired: Rc<RefCell<Vec<&str>>> = Rc::default();
+    rig.post(&mut Chain::sends(0..2, SIGNALED)).unwrap();
+    let f = fired.clone();
+    rig.q().defer(Deferred::Closure(Box::new(move || {
+        f.borrow_mut().push("first");
+        // SAFETY: the queue outlives every callback it runs (the rig drops it last).
+        let q = unsafe { &*q };
+        let mut c = Chain::sends(10..11, SIGNALED);
+        let head = c.link();
+        q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+        let f2 = f.clone();
+        q.defer(Deferred::Closure(Box::new(move || f2.borrow_mut().push("second"))));
+    })));
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(*fired.borrow(), vec!["first"]);
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(*fired.borrow(), vec!["first", "second"]);
+    assert_eq!(rig.released_ids(), vec![0, 1, 10]);
+}
+
+#[test]
+fn verification_catches_a_write_into_an_in_flight_buffer_and_is_silent_otherwise() {
+    let mut cfg = config(16, 4, 4);
+    cfg.verify_buffers = true;
+    let rig = Rig::new(cfg, 64);
+    let mut bufs: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 100]).collect();
+    let mut chain = Chain::sends(0..6, 0).push(6, WR_SEND, INLINE, &[8]);
+    for (i, b) in bufs.iter_mut().enumerate() {
+        chain.sges[i][0].addr = b.as_mut_ptr() as u64;
+        chain.sges[i][0].length = b.len() as u32;
+    }
+    let mut inline = [1u8; 8];
+    chain.sges[6][0].addr = inline.as_mut_ptr() as u64;
+    rig.post(&mut chain).unwrap();
+    bufs[3][50] ^= 0xff; // the ULP writes into WR 3's buffer while the HCA may still read it
+    inline[0] = 9; // inline data was copied at post: changing it is fine
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    rig.poll_all();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    let log = rig.log.borrow();
+    assert_eq!(log.len(), 7);
+    let flagged: Vec<(u64, u32)> =
+        log.iter().filter(|c| c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0).map(|c| (c.wr_id, c.modified_sge)).collect();
+    assert_eq!(flagged, vec![(3, 0)]);
+    assert_eq!(log[3].opcode, WC_SEND);
+    assert_eq!(rig.q().stats().verify_mismatches, 1);
+}
