@@ -230,6 +230,7 @@ fn verification_catches_a_write_into_an_in_flight_buffer_and_is_silent_otherwise
     rig.post(&mut chain).unwrap();
     bufs[3][50] ^= 0xff; // the ULP writes into WR 3's buffer while the HCA may still read it
     inline[0] = 9; // inline data was copied at post: changing it is fine
+    std::hint::black_box(&inline);
     rig.complete(usize::MAX);
     rig.poll_all();
     rig.poll_all();
