@@ -346,7 +346,7 @@ static void bad_queue_attributes(void)
     a.signal_interval = 9;
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "signal_interval 9");
     a = good;
-    a.flags = 1;
+    a.flags = 1u << 5; /* bit 0 is SQD_QUEUE_VERIFY_BUFFERS: the lowest bits are taken */
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "flags");
     a.flags = 0x80000000u;
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "flags");
