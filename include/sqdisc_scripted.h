@@ -330,6 +330,34 @@ int sqd_scripted_cq_stats(struct ibv_cq *cq, struct sqd_scripted_cq_stats *out);
 int sqd_scripted_wqe(struct ibv_qp *qp, size_t index, struct sqd_scripted_wqe *out);
 
 /**
+ * Registers `len` bytes at `addr` on the device: stores in `*out` a real `struct ibv_mr` with `context` (the
+ * device's), `pd` (the device's), `addr`, `length`, and a nonzero `lkey` and `rkey` distinct from each other and
+ * from those of every other MR of the device. `access` (`enum ibv_access_flags` bits) is accepted as given: the
+ * device enforces no access rights and never reads the memory.
+ *
+ * The device owns the MR: deregister it with `sqd_scripted_dereg_mr`, hand it to `sqd_defer_dereg_mr` (the
+ * library deregisters it through the device), or let `sqd_scripted_free` free it. Returns 0, or `-EINVAL` for
+ * a NULL `dev` or `out`.
+ */
+int sqd_scripted_reg_mr(const struct sqd_scripted *dev,
+                        void *addr,
+                        size_t len,
+                        int access,
+                        struct ibv_mr **out);
+
+/**
+ * Deregisters (frees) an MR made by `sqd_scripted_reg_mr`; on success `mr` dangles. The pointer itself is
+ * looked up, never read, so an MR deregistered already is refused safely (unless its address was reused).
+ * Returns 0, or `-EINVAL` if `mr` is NULL or not a registered MR of a live scripted device.
+ */
+int sqd_scripted_dereg_mr(struct ibv_mr *mr);
+
+/**
+ * The number of MRs registered on the device now (>= 0). Errors: `-EINVAL` if `dev` is NULL.
+ */
+int sqd_scripted_mr_count(const struct sqd_scripted *dev);
+
+/**
  * The number of violations (SQ/RQ overflow, invalid WR, CQ overrun) recorded on the device (>= 0).
  * Errors: `-EINVAL` if `dev` is NULL.
  */

@@ -11,6 +11,8 @@ use rdma_sys::{
 };
 use sqdisc::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
 
+mod common;
+
 const SIGNALED: u32 = ibv_send_flags::IBV_SEND_SIGNALED.0;
 const INLINE: u32 = ibv_send_flags::IBV_SEND_INLINE.0;
 const GARBAGE: u32 = 0xffff_ffff;
@@ -440,6 +442,109 @@ fn check_device_lookup_from_objects() {
     assert!(dev.destroy_qp(qp).is_err(), "a destroyed QP is not found again");
 }
 
+fn check_local_inv_is_recorded_and_completes(dev: &dyn Scriptable) {
+    let (cq, qp) = qp_on_cq(dev, 16, ScriptedQpCaps::with_depths(8, 2));
+    let fence = ibv_send_flags::IBV_SEND_FENCE.0;
+    let mut inv = wr(5, ibv_wr_opcode::IBV_WR_LOCAL_INV, SIGNALED | fence, &[]);
+    inv.wr.imm_data_invalidated_rkey_union.invalidated_rkey = 0xbeef;
+    let mut quiet = wr(6, ibv_wr_opcode::IBV_WR_LOCAL_INV, 0, &[]);
+    quiet.wr.imm_data_invalidated_rkey_union.invalidated_rkey = 0x51;
+    assert_eq!(post(qp, &mut [inv, quiet]).0, 0);
+    let w = dev.wqe(qp, 0).unwrap();
+    assert_eq!((w.opcode, w.imm_data, w.send_flags, w.num_sge), (ibv_wr_opcode::IBV_WR_LOCAL_INV, 0xbeef, SIGNALED | fence, 0));
+    assert!(w.signaled && !w.executed);
+    assert_eq!(dev.wqe(qp, 1).unwrap().imm_data, 0x51, "the invalidate rkey, in the field it shares with imm_data");
+    assert_eq!(dev.complete(qp, 2).unwrap(), 2);
+    let wcs = poll(cq, 4);
+    assert_eq!(wcs.len(), 1, "only the signaled LocalInv has a CQE");
+    assert_eq!((wcs[0].wr_id, wcs[0].status, wcs[0].opcode), (5, ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_LOCAL_INV));
+    assert_eq!(dev.qp_stats(qp).unwrap().outstanding, 1, "the unsignaled one holds its slot");
+    assert!(dev.violations().is_empty());
+}
+
+#[test]
+fn reg_mr_makes_real_mrs_with_distinct_keys_and_dereg_frees_them() {
+    let dev = ScriptedDevice::new();
+    let foreign = ScriptedDevice::new();
+    let mut buf = [0u8; 256];
+    let a = dev.reg_mr(buf.as_mut_ptr().cast(), buf.len(), 1).unwrap();
+    let b = dev.reg_mr(buf[128..].as_mut_ptr().cast(), 128, 7).unwrap();
+    let f = foreign.reg_mr(ptr::null_mut(), 0, 0).unwrap();
+    assert_eq!((dev.mr_count(), foreign.mr_count()), (2, 1));
+    let mut keys = Vec::new();
+    // SAFETY: the three MRs are live.
+    unsafe {
+        assert_eq!((*a).context, dev.context());
+        assert_eq!((*a).pd, dev.pd());
+        assert_eq!(((*a).addr, (*a).length), (buf.as_mut_ptr().cast(), 256));
+        assert_eq!(((*b).addr, (*b).length), (buf[128..].as_mut_ptr().cast(), 128));
+        assert_eq!((*f).context, foreign.context());
+        for mr in [a, b] {
+            keys.push((*mr).lkey);
+            keys.push((*mr).rkey);
+        }
+        assert!(ptr::eq(ScriptedDevice::from_mr(a).unwrap(), &*dev));
+        assert!(ptr::eq(ScriptedDevice::from_mr(f).unwrap(), &*foreign));
+    }
+    assert!(keys.iter().all(|&k| k != 0), "{keys:x?}");
+    let mut distinct = keys.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), keys.len(), "every lkey and rkey differs: {keys:x?}");
+    assert_eq!(dev.dereg_mr(f).unwrap_err().errno(), libc::EINVAL, "another device's MR");
+    assert_eq!(foreign.mr_count(), 1);
+    dev.dereg_mr(a).unwrap();
+    assert_eq!(dev.mr_count(), 1);
+    assert_eq!(dev.dereg_mr(a).unwrap_err().errno(), libc::EINVAL, "deregistered already (never read)");
+    // SAFETY: lookups by address only.
+    unsafe {
+        assert!(ScriptedDevice::from_mr(a).is_err());
+        assert!(ScriptedDevice::from_mr(ptr::null_mut()).is_err());
+    }
+    // `b` and `f` are freed with their devices (the sanitizer and valgrind runs of the C tests see leaks).
+}
+
+#[test]
+fn the_library_deregisters_scripted_mrs_through_the_device_registry() {
+    let dev = ScriptedDevice::new();
+    let other = ScriptedDevice::new();
+    let mut buf = [0u8; 64];
+    let mr = dev.reg_mr(buf.as_mut_ptr().cast(), buf.len(), 1).unwrap();
+    let keep = other.reg_mr(buf.as_mut_ptr().cast(), buf.len(), 1).unwrap();
+    // SAFETY: a live scripted MR, deregistered once, here.
+    assert_eq!(unsafe { sqdisc::verbs::control::dereg_mr(mr) }, 0);
+    assert_eq!((dev.mr_count(), other.mr_count()), (0, 1), "through the device that registered it");
+    assert!(dev.dereg_mr(mr).is_err());
+    // SAFETY: a live scripted MR, deregistered once.
+    assert_eq!(unsafe { sqdisc::verbs::control::dereg_mr(keep) }, 0);
+    assert_eq!(other.mr_count(), 0);
+}
+
+#[test]
+fn a_queue_deregisters_a_tracked_scripted_mr_once_its_last_user_is_released() {
+    use common::{config, Chain, Rig};
+    use sqdisc::verbs::control::Teardown;
+    let rig = Rig::new(config(16, 2, 0), 64);
+    let mut buf = [0u8; 64];
+    let mr = rig.dev.reg_mr(buf.as_mut_ptr().cast(), buf.len(), 1).unwrap();
+    // SAFETY: live until deregistered below.
+    let lkey = unsafe { (*mr).lkey };
+    rig.q().track_mr(lkey).unwrap();
+    let mut chain = Chain::sends(0..4, 0);
+    chain.sges[1][0].lkey = lkey;
+    rig.post(&mut chain).unwrap();
+    // SAFETY: `mr` is a live MR of the rig's device; nothing else deregisters it.
+    rig.q().defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) });
+    assert_eq!(rig.dev.mr_count(), 1, "WR 1 may still read it");
+    for _ in 0..3 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(rig.released_ids(), vec![0, 1, 2, 3]);
+    assert_eq!(rig.dev.mr_count(), 0, "deregistered through the device");
+    assert_eq!(rig.q().stats().teardown_failures, 0);
+}
+
 macro_rules! on_scripted_device {
     ($($name:ident),* $(,)?) => {$(
         #[test]
@@ -466,6 +571,7 @@ mod scripted_device {
         check_receive_queue,
         check_wr_validation,
         check_wqe_record_and_cqe_opcodes,
+        check_local_inv_is_recorded_and_completes,
     );
 
     #[test]

@@ -3,10 +3,10 @@
 //! Threading for every function here: a device and all its objects are not thread-safe; use them from one
 //! thread at a time (including the data-path verbs called through the device's context).
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::pin::Pin;
 
-use rdma_sys::{ibv_context, ibv_cq, ibv_pd, ibv_qp};
+use rdma_sys::{ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp};
 
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
 use crate::scripted::{ScriptedCqStats, ScriptedDevice, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
@@ -291,6 +291,58 @@ pub extern "C" fn sqd_scripted_wqe(qp: *mut ibv_qp, index: usize, out: *mut Scri
             }
             Err(e) => fail(&e),
         }
+    })
+}
+
+/// Registers `len` bytes at `addr` on the device: stores in `*out` a real `struct ibv_mr` with `context` (the
+/// device's), `pd` (the device's), `addr`, `length`, and a nonzero `lkey` and `rkey` distinct from each other and
+/// from those of every other MR of the device. `access` (`enum ibv_access_flags` bits) is accepted as given: the
+/// device enforces no access rights and never reads the memory.
+///
+/// The device owns the MR: deregister it with `sqd_scripted_dereg_mr`, hand it to `sqd_defer_dereg_mr` (the
+/// library deregisters it through the device), or let `sqd_scripted_free` free it. Returns 0, or `-EINVAL` for
+/// a NULL `dev` or `out`.
+#[no_mangle]
+pub extern "C" fn sqd_scripted_reg_mr(
+    dev: *const ScriptedDevice,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+    out: *mut *mut ibv_mr,
+) -> c_int {
+    ffi_boundary!({
+        let dev = try_ref!(dev, "dev");
+        let out = try_mut!(out, "out");
+        match dev.reg_mr(addr, len, access) {
+            Ok(mr) => {
+                *out = mr;
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Deregisters (frees) an MR made by `sqd_scripted_reg_mr`; on success `mr` dangles. The pointer itself is
+/// looked up, never read, so an MR deregistered already is refused safely (unless its address was reused).
+/// Returns 0, or `-EINVAL` if `mr` is NULL or not a registered MR of a live scripted device.
+#[no_mangle]
+pub extern "C" fn sqd_scripted_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    ffi_boundary!({
+        // SAFETY: a device found through its MR is alive; devices are used by one thread at a time, as documented.
+        match unsafe { ScriptedDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// The number of MRs registered on the device now (>= 0). Errors: `-EINVAL` if `dev` is NULL.
+#[no_mangle]
+pub extern "C" fn sqd_scripted_mr_count(dev: *const ScriptedDevice) -> c_int {
+    ffi_boundary!({
+        let dev = try_ref!(dev, "dev");
+        c_int::try_from(dev.mr_count()).unwrap_or(c_int::MAX)
     })
 }
 

@@ -4,6 +4,8 @@
 //! `req_notify_cq`) points into a model, plus a `struct ibv_pd`, and makes real `struct ibv_cq` and
 //! `struct ibv_qp` objects. Unmodified verbs code (libibverbs' inline `ibv_post_send`, `ibv_poll_cq`, ... which
 //! call through `qp->context->ops`) and the library itself drive it exactly as they would drive a provider.
+//! It also registers memory ([`ScriptedDevice::reg_mr`]): real `struct ibv_mr` objects with distinct keys,
+//! which the library's deferred deregistration frees through the device (see [`crate::verbs::control`]).
 //! Nothing executes by itself: the test scripts what the "HCA" does next ([`ScriptedDevice::complete`],
 //! [`ScriptedDevice::fail`], [`ScriptedDevice::set_error`], [`ScriptedDevice::deliver`]) and then inspects the
 //! result ([`ScriptedDevice::qp_stats`], [`ScriptedDevice::cq_stats`], [`ScriptedDevice::wqe`], the violation
@@ -41,10 +43,13 @@ mod model;
 mod ops;
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
+use std::sync::Mutex;
 
-use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
+use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
 
 use crate::{Error, Result};
 use model::Model;
@@ -210,6 +215,28 @@ fn sentinel() -> *const std::ffi::c_void {
     std::ptr::addr_of!(SENTINEL).cast()
 }
 
+/// Every live scripted MR (by address) and the address of the device that registered it, so that an MR can be
+/// recognised, and traced to its device, without reading memory it points to. A device removes its entries
+/// when an MR is deregistered and when it is dropped.
+static LIVE_MRS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
+    LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The deregistration the device registers with [`crate::verbs::control::register_device`]: what
+/// `sqd_scripted_dereg_mr` does, as 0 or a positive errno.
+///
+/// # Safety
+/// The device that registered `mr`, if any, is alive and not in use by another thread.
+unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
+    // SAFETY: as this function's caller promises.
+    match unsafe { ScriptedDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
 /// The device's `ibv_context` and a way back to the device. `ctx` is the first field of a `repr(C)` struct, so
 /// a `*mut ibv_context` handed out is also a pointer to this struct.
 #[repr(C)]
@@ -262,7 +289,26 @@ impl ScriptedDevice {
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
+        crate::verbs::control::register_device(ctx.cast(), dereg_for_library);
         device
+    }
+
+    /// The device that registered `mr`. Only the address is looked up: `mr` is never read, so a pointer that is
+    /// not (or no longer) a scripted MR is reported, not followed.
+    ///
+    /// # Safety
+    /// A device found this way is alive (it removes its MRs when dropped) but not thread-safe: the caller uses it
+    /// from the one thread that uses it, for no longer than `'a`, and not while it is being dropped.
+    pub unsafe fn from_mr<'a>(mr: *mut ibv_mr) -> Result<&'a ScriptedDevice> {
+        if mr.is_null() {
+            return Err(Error::invalid("mr is NULL"));
+        }
+        let device = live_mrs().get(&(mr as usize)).copied();
+        match device {
+            // SAFETY: the map holds only devices that are alive (see above), as the caller relies on.
+            Some(d) => Ok(unsafe { &*(d as *const ScriptedDevice) }),
+            None => Err(Error::invalid(format!("mr {mr:p} is not a registered MR of a scripted device"))),
+        }
     }
 
     /// The device that owns `ctx`, if `ctx` is a scripted device's context.
@@ -413,6 +459,40 @@ impl ScriptedDevice {
         self.model.borrow().wqe(qp, index)
     }
 
+    /// Registers `len` bytes at `addr`: a real `struct ibv_mr` with `context`, `pd`, `addr`, `length` and a
+    /// nonzero lkey and rkey distinct from each other and from those of every other MR of the device. `access`
+    /// (`enum ibv_access_flags` bits) is accepted as given: the device enforces no access rights. The device owns
+    /// the MR until [`ScriptedDevice::dereg_mr`] or its own drop.
+    pub fn reg_mr(&self, addr: *mut c_void, len: usize, _access: i32) -> Result<*mut ibv_mr> {
+        let mut model = self.model.borrow_mut();
+        let (lkey, rkey) = model.next_keys();
+        // SAFETY: `ibv_mr` is plain data (pointers and integers): zero is valid.
+        let mut mr: Box<ibv_mr> = Box::new(unsafe { std::mem::zeroed() });
+        mr.context = self.context();
+        mr.pd = self.pd;
+        mr.addr = addr;
+        mr.length = len;
+        mr.handle = lkey;
+        mr.lkey = lkey;
+        mr.rkey = rkey;
+        let mr = Box::into_raw(mr);
+        model.add_mr(mr);
+        live_mrs().insert(mr as usize, self as *const ScriptedDevice as usize);
+        Ok(mr)
+    }
+
+    /// Deregisters an MR of this device (frees it). `EINVAL` if `mr` is not a registered MR of this device.
+    pub fn dereg_mr(&self, mr: *mut ibv_mr) -> Result<()> {
+        self.model.borrow_mut().dereg_mr(mr)?;
+        live_mrs().remove(&(mr as usize));
+        Ok(())
+    }
+
+    /// How many MRs are registered on the device now.
+    pub fn mr_count(&self) -> usize {
+        self.model.borrow().mr_count()
+    }
+
     /// Number of violations recorded on the device.
     pub fn violation_count(&self) -> usize {
         self.model.borrow().violations().len()
@@ -478,6 +558,13 @@ impl Scriptable for ScriptedDevice {
 
 impl Drop for ScriptedDevice {
     fn drop(&mut self) {
+        crate::verbs::control::unregister_device(self.context());
+        {
+            let mut live = live_mrs();
+            for mr in self.model.get_mut().mr_keys() {
+                live.remove(&mr);
+            }
+        }
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every QP and CQ referring to them was freed by `clear` above.

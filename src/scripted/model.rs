@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use rdma_sys::{ibv_cq, ibv_qp, ibv_qp_state, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode};
+use rdma_sys::{ibv_cq, ibv_mr, ibv_qp, ibv_qp_state, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode};
 
 use super::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use crate::{Error, Result};
@@ -20,6 +20,8 @@ pub(crate) const MAX_WR: u32 = 1 << 15;
 pub(crate) const MAX_CQE: i32 = 1 << 22;
 pub(crate) const MAX_SGE: u32 = 64;
 pub(crate) const MAX_INLINE: u32 = 4096;
+/// The lkey of the first MR registered on a device; keys are handed out in pairs (lkey, rkey = lkey + 1).
+pub(crate) const FIRST_MR_KEY: u32 = 0x1000;
 
 /// Which queue a CQE belongs to. Kept beside the CQE because the CQE's own opcode is undefined on errors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +115,22 @@ pub(crate) struct Model {
     qp_by_num: HashMap<u32, usize>,
     next_qpn: u32,
     violations: Vec<String>,
+    /// Registered MRs, by address: objects from `Box::into_raw`, freed by `dereg_mr` or `clear`.
+    mrs: HashMap<usize, MrModel>,
+    /// The lkey of the next MR (its rkey is the next value).
+    next_key: u32,
+}
+
+/// A registered MR: owns its `ibv_mr` object.
+pub(crate) struct MrModel {
+    obj: *mut ibv_mr,
+}
+
+impl Drop for MrModel {
+    fn drop(&mut self) {
+        // SAFETY: `obj` came from `Box::into_raw` in `ScriptedDevice::reg_mr` and is freed only here, once.
+        drop(unsafe { Box::from_raw(self.obj) });
+    }
 }
 
 fn key<T>(p: *mut T) -> usize {
@@ -163,7 +181,7 @@ fn error_wc(wr_id: u64, status: u32, vendor_err: u32, qpn: u32) -> ibv_wc {
 
 impl Model {
     pub(crate) fn new() -> Model {
-        Model { next_qpn: 0x100, ..Model::default() }
+        Model { next_qpn: 0x100, next_key: FIRST_MR_KEY, ..Model::default() }
     }
 
     fn qp(&self, qp: *mut ibv_qp) -> Result<&QpModel> {
@@ -578,8 +596,43 @@ impl Model {
         &self.violations
     }
 
+    // ---- memory registration -------------------------------------------------------------------------------
+
+    /// The (lkey, rkey) pair for the next MR: nonzero, distinct from each other and from every earlier pair.
+    pub(crate) fn next_keys(&mut self) -> (u32, u32) {
+        let lkey = self.next_key;
+        self.next_key = self.next_key.checked_add(2).unwrap_or(FIRST_MR_KEY);
+        (lkey, lkey + 1)
+    }
+
+    /// Takes ownership of an MR object made by the device (already boxed and filled in).
+    pub(crate) fn add_mr(&mut self, obj: *mut ibv_mr) {
+        self.mrs.insert(key(obj), MrModel { obj });
+    }
+
+    /// Deregisters (frees) an MR of this device.
+    pub(crate) fn dereg_mr(&mut self, mr: *mut ibv_mr) -> Result<()> {
+        match self.mrs.remove(&key(mr)) {
+            Some(m) => {
+                drop(m);
+                Ok(())
+            }
+            None => Err(Error::invalid(format!("mr {mr:p} is not a registered MR of this scripted device"))),
+        }
+    }
+
+    pub(crate) fn mr_count(&self) -> usize {
+        self.mrs.len()
+    }
+
+    /// The addresses of every registered MR.
+    pub(crate) fn mr_keys(&self) -> Vec<usize> {
+        self.mrs.keys().copied().collect()
+    }
+
     /// Frees every object (device teardown).
     pub(crate) fn clear(&mut self) {
+        self.mrs.clear();
         self.qps.clear();
         self.qp_by_num.clear();
         self.cqs.clear();
