@@ -14,6 +14,7 @@ mod cq;
 pub mod discipline;
 pub mod error;
 pub mod scripted;
+pub mod sim;
 pub mod verbs;
 mod queue;
 

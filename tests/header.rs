@@ -1,8 +1,8 @@
 //! The committed C headers are exactly what cbindgen makes of the current sources.
 //!
 //! `include/sqdisc.h` holds every `sqd_*` function, type and `SQD_*` constant except the scripted test
-//! device's; `include/sqdisc_scripted.h` holds only `sqd_scripted_*` / `SQD_SCRIPTED_*` and includes
-//! `<sqdisc.h>`. Configuration: `cbindgen.toml`. With `SQDISC_UPDATE_HEADERS=1` (what `make header` sets) the
+//! device's and the software HCA's; `include/sqdisc_scripted.h` holds only `sqd_scripted_*` /
+//! `SQD_SCRIPTED_*`, `include/sqdisc_sim.h` only `sqd_sim_*` / `SQD_SIM_*`; both include `<sqdisc.h>`. Configuration: `cbindgen.toml`. With `SQDISC_UPDATE_HEADERS=1` (what `make header` sets) the
 //! test rewrites the files instead of comparing.
 
 use std::fs;
@@ -13,6 +13,7 @@ use cbindgen::{Bindings, Builder, Config};
 
 const MAIN_HEADER: &str = "include/sqdisc.h";
 const SCRIPTED_HEADER: &str = "include/sqdisc_scripted.h";
+const SIM_HEADER: &str = "include/sqdisc_sim.h";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,6 +50,11 @@ fn generate(config: Config) -> Bindings {
 /// Whether a C name belongs to the scripted test device's header.
 fn is_scripted(c_name: &str) -> bool {
     c_name.starts_with("sqd_scripted") || c_name.starts_with("SQD_SCRIPTED")
+}
+
+/// Whether a C name belongs to the software HCA's header.
+fn is_sim(c_name: &str) -> bool {
+    c_name.starts_with("sqd_sim") || c_name.starts_with("SQD_SIM")
 }
 
 /// The C name of an item, without the `struct ` that verbs renames carry.
@@ -96,7 +102,7 @@ fn render(bindings: &Bindings) -> String {
 fn headers() -> Vec<(&'static str, String)> {
     let all = generate(config());
     check_namespace(&all);
-    let main = select(all, |name| !is_scripted(name));
+    let main = select(all, |name| !is_scripted(name) && !is_sim(name));
 
     let mut scripted_config = config();
     scripted_config.include_guard = Some("SQDISC_SCRIPTED_H".to_string());
@@ -104,7 +110,13 @@ fn headers() -> Vec<(&'static str, String)> {
     scripted_config.after_includes = None;
     let scripted = select(generate(scripted_config), is_scripted);
 
-    vec![(MAIN_HEADER, render(&main)), (SCRIPTED_HEADER, render(&scripted))]
+    let mut sim_config = config();
+    sim_config.include_guard = Some("SQDISC_SIM_H".to_string());
+    sim_config.sys_includes = vec!["sqdisc.h".to_string()];
+    sim_config.after_includes = None;
+    let sim = select(generate(sim_config), is_sim);
+
+    vec![(MAIN_HEADER, render(&main)), (SCRIPTED_HEADER, render(&scripted)), (SIM_HEADER, render(&sim))]
 }
 
 /// The first line where two texts differ, for the failure message.
@@ -131,8 +143,8 @@ fn committed_headers_match_the_sources() {
     let update = std::env::var_os("SQDISC_UPDATE_HEADERS").is_some_and(|v| v == "1");
     let mut stale = Vec::new();
     for (rel, text) in headers() {
-        if rel == SCRIPTED_HEADER {
-            assert!(text.contains("#include <sqdisc.h>"), "{SCRIPTED_HEADER} must include <sqdisc.h>");
+        if rel == SCRIPTED_HEADER || rel == SIM_HEADER {
+            assert!(text.contains("#include <sqdisc.h>"), "{rel} must include <sqdisc.h>");
         }
         let path = root().join(rel);
         let committed = fs::read_to_string(&path).unwrap_or_default();

@@ -13,6 +13,7 @@ pub mod cq;
 pub mod error;
 pub mod queue;
 pub mod scripted;
+pub mod sim;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

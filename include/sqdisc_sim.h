@@ -1,0 +1,501 @@
+#ifndef SQDISC_SIM_H
+#define SQDISC_SIM_H
+
+/* Generated from the Rust sources by `make header`; do not edit by hand. */
+
+#include <sqdisc.h>
+
+/**
+ * `flags`: posting into a full SQ or RQ is also logged as a violation (it always fails with `ENOMEM`).
+ */
+#define SQD_SIM_STRICT 1
+
+/**
+ * `flags`: null mode. Every send WQE completes at once at post time (a CQE for signaled ones, respecting
+ * the CQ's capacity and the SQ slot rule); no data moves and no peer is needed. For measuring a ULP's or the
+ * library's own cost.
+ */
+#define SQD_SIM_NULL 2
+
+/**
+ * `rnr_retry` value meaning "retry forever" (IBA: an RNR retry count of 7 is infinite).
+ */
+#define SQD_SIM_RNR_RETRY_FOREVER 7
+
+/**
+ * Fault: the QP moves to the error state at step `at_step` (or at once if that step has passed), as after
+ * a fatal local error: its unfinished WQEs and posted receives flush.
+ */
+#define SQD_SIM_FAULT_QP_FATAL 1
+
+/**
+ * Fault: the next request of the QP that its peer executes fails the peer's rkey check: the WQE completes
+ * with `IBV_WC_REM_ACCESS_ERR` and both QPs go to error (as a real rkey violation).
+ */
+#define SQD_SIM_FAULT_REMOTE_ACCESS 2
+
+/**
+ * Fault: the QP's posted receives are withheld for `count` steps: SENDs to it get RNR NAKs meanwhile.
+ */
+#define SQD_SIM_FAULT_RECV_STARVE 3
+
+/**
+ * Fault: the QP's next send WQE not yet transmitted fails at transmission with `status` and `vendor_err`
+ * (an error CQE, signaled or not; the QP goes to error).
+ */
+#define SQD_SIM_FAULT_FAIL_NEXT 4
+
+/**
+ * Fault: the next `count` request packets the QP sends are lost on the wire.
+ */
+#define SQD_SIM_FAULT_LOSE_REQUESTS 5
+
+/**
+ * Fault: the next `count` response packets (ACK, NAK, read/atomic response) sent to the QP are lost.
+ */
+#define SQD_SIM_FAULT_LOSE_ACKS 6
+
+/**
+ * Violation: a send WR was posted into a full SQ (strict mode only; the post fails with `ENOMEM`).
+ */
+#define SQD_SIM_VIOLATION_SQ_OVERFLOW 1
+
+/**
+ * Violation: a receive WR was posted into a full RQ (strict mode only; the post fails with `ENOMEM`).
+ */
+#define SQD_SIM_VIOLATION_RQ_OVERFLOW 2
+
+/**
+ * Violation: a CQE was pushed into a full CQ; it is lost, the CQ and its QPs go to error.
+ */
+#define SQD_SIM_VIOLATION_CQ_OVERRUN 3
+
+/**
+ * Violation: a retransmission read source bytes that differ from the first transmission of that WQE: the
+ * buffer was changed before the HCA was done with it (rule 3 of the seed discussion).
+ */
+#define SQD_SIM_VIOLATION_SOURCE_MODIFIED 4
+
+/**
+ * Violation: an MR was deregistered or invalidated (LocalInv, SEND_WITH_INV) while a send WQE the HCA is not
+ * finished with references it through an SGE (rules 3 and 4).
+ */
+#define SQD_SIM_VIOLATION_MR_IN_USE 5
+
+/**
+ * Violation: an invalid WR (unsupported opcode, too many SGEs, NULL sg_list, inline data too large, ...);
+ * the post fails with `EINVAL`.
+ */
+#define SQD_SIM_VIOLATION_BAD_WR 6
+
+/**
+ * Violation: a send WR was posted to a QP that is not connected yet; the post fails with `EINVAL`.
+ */
+#define SQD_SIM_VIOLATION_QP_STATE 7
+
+/**
+ * `wqe_index` of a violation that concerns no particular send WQE.
+ */
+#define SQD_SIM_NO_WQE 18446744073709551615ull
+
+/**
+ * Bytes of `text` in `struct sqd_sim_violation`, including the terminating NUL.
+ */
+#define SQD_SIM_VIOLATION_TEXT 256
+
+/**
+ * A simulated HCA: a real `struct ibv_context` and `struct ibv_pd`, and the MRs, CQs and QPs made on it.
+ *
+ * The ops callbacks find the device through a pointer stored in the context, so it never moves (it is made
+ * pinned). Dropping it frees every object it made. One thread at a time.
+ */
+struct sqd_sim;
+
+/**
+ * How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from [`SimConfig::default`].
+ */
+struct sqd_sim_config {
+    /**
+     * Decides every random choice of the run.
+     */
+    uint64_t seed;
+    /**
+     * Request packets lost on the wire, per million.
+     */
+    uint32_t loss_ppm;
+    /**
+     * Response packets (ACK, NAK, read/atomic responses) lost, per million.
+     */
+    uint32_t ack_loss_ppm;
+    /**
+     * One-way wire delay of a packet, in steps, uniform in `wire_delay_min..=wire_delay_max` (at least 1).
+     * Packets between two QPs keep their order.
+     */
+    uint32_t wire_delay_min;
+    uint32_t wire_delay_max;
+    /**
+     * Responder ACK coalescing: an ACK leaves this many steps after the first request it acknowledges; it
+     * acknowledges every request executed by then.
+     */
+    uint32_t ack_delay;
+    /**
+     * Steps without acknowledgement progress after which the requester retransmits (go-back-N).
+     */
+    uint32_t retrans_timeout;
+    /**
+     * Steps a requester waits after an RNR NAK before retrying.
+     */
+    uint32_t rnr_delay;
+    /**
+     * Steps run at the start of every `ibv_poll_cq` call (0: polling does not advance time).
+     */
+    uint32_t steps_per_poll;
+    /**
+     * Send WQEs a QP transmits (or executes, for local ones) per step.
+     */
+    uint32_t tx_per_step;
+    /**
+     * `SQD_SIM_STRICT`, `SQD_SIM_NULL`.
+     */
+    uint32_t flags;
+};
+
+/**
+ * Connection attributes (`struct sqd_sim_conn_attr` in C): what `ibv_modify_qp` to RTR/RTS would set.
+ */
+struct sqd_sim_conn_attr {
+    /**
+     * RNR retries before `IBV_WC_RNR_RETRY_EXC_ERR`; 7 = forever. 0..=7.
+     */
+    uint32_t rnr_retry;
+    /**
+     * Transport retries (timeouts, sequence NAKs) before `IBV_WC_RETRY_EXC_ERR`. 0..=7.
+     */
+    uint32_t retry_cnt;
+    /**
+     * RDMA READ / ATOMIC requests outstanding at once (1..=16); more stall the SQ (head of line).
+     */
+    uint32_t max_rd_atomic;
+};
+
+/**
+ * A fault to inject (`struct sqd_sim_fault` in C).
+ */
+struct sqd_sim_fault {
+    /**
+     * `SQD_SIM_FAULT_*`.
+     */
+    uint32_t kind;
+    /**
+     * The QP the fault applies to.
+     */
+    struct ibv_qp *qp;
+    /**
+     * `SQD_SIM_FAULT_QP_FATAL`: the step at which the QP fails.
+     */
+    uint64_t at_step;
+    /**
+     * Packets (`LOSE_*`) or steps (`RECV_STARVE`).
+     */
+    uint32_t count;
+    /**
+     * `SQD_SIM_FAULT_FAIL_NEXT`: the `enum ibv_wc_status` error and vendor error of the failing WQE.
+     */
+    uint32_t status;
+    uint32_t vendor_err;
+};
+
+/**
+ * Device-wide counters (`struct sqd_sim_stats` in C).
+ */
+struct sqd_sim_stats {
+    /**
+     * Steps run so far (the current time).
+     */
+    uint64_t steps;
+    /**
+     * `post_send` calls that posted at least one WQE.
+     */
+    uint64_t doorbells;
+    /**
+     * Send WQEs accepted.
+     */
+    uint64_t wqes;
+    /**
+     * Receive WQEs accepted.
+     */
+    uint64_t recvs;
+    /**
+     * CQEs generated (send and receive, success and error, including those lost to an overrun).
+     */
+    uint64_t cqes;
+    /**
+     * Request packets sent, first transmissions and retransmissions.
+     */
+    uint64_t packets;
+    /**
+     * Request packets sent again (go-back-N, RNR retry).
+     */
+    uint64_t retransmissions;
+    /**
+     * Retransmission timeouts that fired.
+     */
+    uint64_t timeouts;
+    /**
+     * Request packets lost on the wire.
+     */
+    uint64_t packets_lost;
+    /**
+     * Response packets lost on the wire.
+     */
+    uint64_t acks_lost;
+    /**
+     * Duplicate requests seen by responders.
+     */
+    uint64_t duplicates;
+    /**
+     * RNR NAKs sent by responders.
+     */
+    uint64_t rnr_naks;
+    /**
+     * Sequence-error NAKs sent by responders.
+     */
+    uint64_t seq_naks;
+    /**
+     * `IBV_WC_WR_FLUSH_ERR` CQEs generated.
+     */
+    uint64_t flushes;
+    /**
+     * Error CQEs other than flushes.
+     */
+    uint64_t errors;
+    /**
+     * CQEs lost because their CQ was full or in error.
+     */
+    uint64_t cq_overruns;
+    /**
+     * Posts refused because the SQ was full.
+     */
+    uint64_t sq_overflows;
+    /**
+     * Posts refused because the RQ was full.
+     */
+    uint64_t rq_overflows;
+    /**
+     * Violations logged.
+     */
+    uint64_t violations;
+    /**
+     * Bytes read from registered memory (sources, READ targets at the responder).
+     */
+    uint64_t bytes_read;
+    /**
+     * Bytes written into registered memory.
+     */
+    uint64_t bytes_written;
+};
+
+/**
+ * One logged violation, as `sqd_sim_violation` copies it out.
+ */
+struct sqd_sim_violation {
+    /**
+     * `SQD_SIM_VIOLATION_*`; `sqd_sim_violation_kind_str` names it.
+     */
+    uint32_t kind;
+    /**
+     * The QP it is recorded against (0 when none).
+     */
+    uint32_t qp_num;
+    /**
+     * Index of the send WQE involved on that QP (0 = first ever posted), or `SQD_SIM_NO_WQE`.
+     */
+    uint64_t wqe_index;
+    /**
+     * The step at which it happened.
+     */
+    uint64_t step;
+    /**
+     * A description starting with the kind's name, NUL-terminated, truncated to fit.
+     */
+    char text[SQD_SIM_VIOLATION_TEXT];
+};
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * Fills `*cfg` with the defaults: seed 1, no loss, wire delay 1..=3 steps, ACK delay 2, retransmission
+ * timeout 24, RNR delay 8, 1 step per `ibv_poll_cq` call, 4 WQEs transmitted per step per QP, no flags.
+ * NULL is a no-op.
+ */
+void sqd_sim_config_default(struct sqd_sim_config *cfg);
+
+/**
+ * Creates a software HCA: a `struct ibv_context` whose data-path ops (`ibv_post_send`, `ibv_post_recv`,
+ * `ibv_poll_cq`, `ibv_req_notify_cq`) run the model, and a protection domain. `cfg` NULL means the defaults
+ * (`sqd_sim_config_default`); it is read during the call only.
+ *
+ * On success stores the sim in `*out` and returns 0; the caller owns it and frees it with `sqd_sim_free`.
+ * Errors: `-EINVAL` if `out` is NULL or the configuration is out of range (`wire_delay_min` above
+ * `wire_delay_max`, `tx_per_step` or `retrans_timeout` 0, a loss rate above 1000000 ppm, unknown flags).
+ */
+int sqd_sim_new(const struct sqd_sim_config *cfg, struct sqd_sim **out);
+
+/**
+ * Frees a sim and every MR, CQ and QP made on it. NULL is a no-op. Every pointer obtained from it dangles
+ * afterwards; registered memory is no longer touched. No other call may use the sim concurrently.
+ */
+void sqd_sim_free(struct sqd_sim *sim);
+
+/**
+ * The sim's `struct ibv_context`, owned by the sim (valid until `sqd_sim_free`). Only the data-path ops are
+ * set; other verbs (`ibv_create_qp`, `ibv_reg_mr`, `ibv_modify_qp`, ...) must not be called on it: use the
+ * `sqd_sim_*` equivalents. NULL if `sim` is NULL.
+ */
+struct ibv_context *sqd_sim_context(const struct sqd_sim *sim);
+
+/**
+ * The sim's protection domain, owned by the sim (valid until `sqd_sim_free`). NULL if `sim` is NULL.
+ */
+struct ibv_pd *sqd_sim_pd(const struct sqd_sim *sim);
+
+/**
+ * Registers `len` bytes at `addr` with `access` (`IBV_ACCESS_*`), as `ibv_reg_mr` does, and stores a real
+ * `struct ibv_mr` (`lkey`, `rkey` (equal, never reused), `addr`, `length`, `context`, `pd`) in `*out`.
+ *
+ * The memory must stay valid (and writable, with a write permission) until the MR is deregistered or the sim
+ * freed: the model reads and writes it (DMA) inside `ibv_poll_cq` and `sqd_sim_step`. The sim owns the MR.
+ * Errors: `-EINVAL` for a NULL `sim`/`out`, a NULL `addr` with `len` > 0, negative `access`, or a remote
+ * write/atomic permission without `IBV_ACCESS_LOCAL_WRITE`.
+ */
+int sqd_sim_reg_mr(const struct sqd_sim *sim, void *addr, size_t len, int access, struct ibv_mr **out);
+
+/**
+ * Deregisters an MR made by `sqd_sim_reg_mr`, as `ibv_dereg_mr` does: its keys are invalid at once (a later
+ * DMA through them — e.g. a retransmission — fails with `IBV_WC_LOC_PROT_ERR`), and `mr` dangles. If a send
+ * WQE the HCA is not finished with references it, an "MR invalidated while in use" violation is logged.
+ * Errors: `-EINVAL` if `mr` is NULL or not a live sim MR.
+ */
+int sqd_sim_dereg_mr(struct ibv_mr *mr);
+
+/**
+ * Creates a CQ holding exactly `cqe` CQEs (`cq->cqe == cqe`). A CQE pushed into a full CQ is lost, the CQ and
+ * every QP using it go to error, and a "CQ overrun" violation is logged.
+ *
+ * On success stores the CQ in `*out` and returns 0; the sim owns it. Errors: `-EINVAL` for a NULL argument or
+ * `cqe` outside 1..=4194304.
+ */
+int sqd_sim_create_cq(const struct sqd_sim *sim, int cqe, struct ibv_cq **out);
+
+/**
+ * Destroys a CQ made by `sqd_sim_create_cq`. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ;
+ * `-EBUSY` while a QP uses it. On success `cq` dangles.
+ */
+int sqd_sim_destroy_cq(struct ibv_cq *cq);
+
+/**
+ * Creates an RC QP from `attr`, as `ibv_create_qp` does: `qp_type` must be `IBV_QPT_RC`, `srq` NULL,
+ * `send_cq`/`recv_cq` CQs of this sim. Caps are honoured, clamped to the device limits (WRs 1..=32768, SGEs
+ * 1..=32, inline 0..=1024), and the granted caps are written back to `attr->cap`. `sq_sig_all` makes every
+ * send WR signaled.
+ *
+ * The QP starts in INIT (receives may be posted; sends fail with `EINVAL` until `sqd_sim_connect`); in null
+ * mode it starts in RTS. On success stores the QP in `*out`; the sim owns it.
+ * Errors: `-EINVAL` for a NULL argument, a QP type other than RC, an SRQ, or CQs not of this sim.
+ */
+int sqd_sim_create_qp(const struct sqd_sim *sim, struct ibv_qp_init_attr *attr, struct ibv_qp **out);
+
+/**
+ * Connects two QPs of the same sim to each other and moves both to RTS, as both sides' `ibv_modify_qp` to
+ * RTR and RTS would. `attr` (read during the call) applies to both; NULL means the defaults: `rnr_retry` 7
+ * (forever), `retry_cnt` 7, `max_rd_atomic` 4.
+ * Errors: `-EINVAL` for NULL or foreign QPs, QPs of different sims, the same QP twice, a QP already connected
+ * or in error, or attributes out of range (`rnr_retry`, `retry_cnt` 0..=7; `max_rd_atomic` 1..=16).
+ */
+int sqd_sim_connect(struct ibv_qp *a, struct ibv_qp *b, const struct sqd_sim_conn_attr *attr);
+
+/**
+ * Moves a QP to the error state, as `ibv_modify_qp` to `IBV_QPS_ERR` does: every send WQE the HCA is not
+ * finished with, then every posted receive, completes with its own `IBV_WC_WR_FLUSH_ERR` CQE, in order,
+ * signaled or not; later posts are accepted and flushed at once. Its peer is not told (its requests to this
+ * QP go unanswered). Errors: `-EINVAL` if `qp` is NULL or not a live sim QP.
+ */
+int sqd_sim_set_error(struct ibv_qp *qp);
+
+/**
+ * Destroys a QP made by `sqd_sim_create_qp`, whatever it holds; its CQEs not yet polled are removed from its
+ * CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP. On success `qp` dangles.
+ */
+int sqd_sim_destroy_qp(struct ibv_qp *qp);
+
+/**
+ * Advances the model by `steps` steps (transmissions, wire, responders, ACKs, timers, completions).
+ * `ibv_poll_cq` also advances it (`steps_per_poll` per call). Errors: `-EINVAL` if `sim` is NULL.
+ */
+int sqd_sim_step(const struct sqd_sim *sim, uint32_t steps);
+
+/**
+ * Runs steps until nothing is in flight: no send WQE waiting to be transmitted, acknowledged or completed on
+ * a connected QP, no packet on the wire, no ACK pending. CQEs not yet polled do not count.
+ * Returns the number of steps run (>= 0, saturating at INT_MAX). Errors: `-EINVAL` if `sim` is NULL;
+ * `-ETIMEDOUT` after `max_steps` steps (e.g. an RNR retry that never ends).
+ */
+int sqd_sim_run_until_idle(const struct sqd_sim *sim, uint32_t max_steps);
+
+/**
+ * Injects a fault (`f` is read during the call): `SQD_SIM_FAULT_QP_FATAL` (the QP fails at step
+ * `at_step`), `SQD_SIM_FAULT_REMOTE_ACCESS` (its next request fails the peer's rkey check),
+ * `SQD_SIM_FAULT_RECV_STARVE` (its posted receives are withheld for `count` steps), `SQD_SIM_FAULT_FAIL_NEXT`
+ * (its next send WQE fails at transmission with `status`/`vendor_err`), `SQD_SIM_FAULT_LOSE_REQUESTS` /
+ * `SQD_SIM_FAULT_LOSE_ACKS` (its next `count` request / response packets are lost).
+ * Errors: `-EINVAL` for a NULL argument, an unknown kind, a QP not of this sim, or `FAIL_NEXT` with
+ * `IBV_WC_SUCCESS`.
+ */
+int sqd_sim_inject(const struct sqd_sim *sim, const struct sqd_sim_fault *f);
+
+/**
+ * Oracle: 1 if any send WQE the HCA is not truly finished with (it could still be transmitted or
+ * retransmitted — not yet acknowledged and completed — or, for RDMA READ/atomics, still be written) references
+ * bytes of `[addr, addr + len)` through its SGEs, else 0. Inline data never counts (copied at post time).
+ * Errors: `-EINVAL` if `sim` is NULL.
+ */
+int sqd_sim_buffer_busy(const struct sqd_sim *sim,
+                        const void *addr,
+                        size_t len);
+
+/**
+ * Oracle: 1 if the HCA is finished with the `wqe_index`-th send WQE posted on `qp` (0 = first ever posted;
+ * refused posts do not count), 0 if not. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP; `-ENOENT`
+ * beyond the last posted WQE.
+ */
+int sqd_sim_wqe_finished(struct ibv_qp *qp, uint64_t wqe_index);
+
+/**
+ * Copies the sim's counters into `*out` and returns 0. Errors: `-EINVAL` for a NULL argument.
+ */
+int sqd_sim_stats(const struct sqd_sim *sim, struct sqd_sim_stats *out);
+
+/**
+ * The number of violations logged (>= 0). Errors: `-EINVAL` if `sim` is NULL.
+ */
+int sqd_sim_violation_count(const struct sqd_sim *sim);
+
+/**
+ * Copies the `index`-th violation (0 = oldest) into `*out` and returns 0.
+ * Errors: `-EINVAL` for a NULL argument; `-ENOENT` if fewer than `index + 1` were logged.
+ */
+int sqd_sim_violation(const struct sqd_sim *sim, size_t index, struct sqd_sim_violation *out);
+
+/**
+ * The name of a violation kind (`"SQ overflow"`, `"CQ overrun"`, `"source modified while in flight"`,
+ * `"MR invalidated while in use"`, ...), or `"unknown"`: a static NUL-terminated string, never NULL.
+ */
+const char *sqd_sim_violation_kind_str(uint32_t kind);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* SQDISC_SIM_H */

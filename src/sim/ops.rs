@@ -1,0 +1,226 @@
+//! The device's ops table: the data-path verbs libibverbs' inline functions call through `context->ops`.
+//!
+//! Each callback copies what it needs out of the caller's structures (WRs, SGE lists, inline data), updates the
+//! model under one borrow, and calls nothing outside the model, so the model is never borrowed re-entrantly.
+//! A panic (a bug in the model) never unwinds into C: it becomes `EIO`.
+
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc};
+
+use super::model::{RecvRequest, SendRequest, Sge};
+use super::SimDevice;
+
+fn guarded(on_panic: c_int, f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
+}
+
+fn copy_sges(list: *const ibv_sge, n: i32) -> Vec<Sge> {
+    if n <= 0 || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the caller of `ibv_post_send`/`ibv_post_recv` promises `sg_list` holds `num_sge` entries; `n` was
+    // checked against the QP's caps before this is called.
+    let sges = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    sges.iter().map(|s| Sge { addr: s.addr, len: s.length, lkey: s.lkey }).collect()
+}
+
+/// Copies one send WR: SGEs only when `num_sge` is within `max_sge` (else the model rejects the WR), inline data
+/// only within `max_inline`.
+///
+/// # Safety
+/// `wr` points to a valid `ibv_send_wr` whose `sg_list`, when non-NULL, holds `num_sge` entries, and whose
+/// inline SGEs (with `IBV_SEND_INLINE`) point to readable bytes, as `ibv_post_send` requires.
+unsafe fn read_send_wr(wr: *const ibv_send_wr, max_sge: u32, max_inline: u32, copy: bool) -> SendRequest {
+    // SAFETY: the caller promises `wr` is valid for reads.
+    let w = unsafe { &*wr };
+    // SAFETY: both members of the union are a `u32` at offset 0; any bit pattern is valid.
+    let imm = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
+    let atomic = w.opcode == rdma_sys::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP
+        || w.opcode == rdma_sys::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+    let (remote_addr, rkey, compare_add, swap) = if atomic {
+        // SAFETY: for atomic opcodes the `atomic` member is the one the caller filled; all members are plain data.
+        let a = unsafe { w.wr.atomic };
+        (a.remote_addr, a.rkey, a.compare_add, a.swap)
+    } else {
+        // SAFETY: as above, for the `rdma` member (meaningless but harmless for opcodes that don't use it).
+        let r = unsafe { w.wr.rdma };
+        (r.remote_addr, r.rkey, 0, 0)
+    };
+    let in_range = w.num_sge >= 0 && w.num_sge as u32 <= max_sge;
+    let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
+    let inline_flag = w.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+    let mut req = SendRequest {
+        wr_id: w.wr_id,
+        opcode: w.opcode,
+        flags: w.send_flags,
+        num_sge: w.num_sge,
+        null_sg_list,
+        sges: Vec::new(),
+        total_len: 0,
+        inline: None,
+        remote_addr,
+        rkey,
+        imm,
+        compare_add,
+        swap,
+    };
+    if !in_range || null_sg_list {
+        return req;
+    }
+    if !copy && !inline_flag {
+        // Null mode: only the length is needed.
+        if w.num_sge > 0 {
+            // SAFETY: as in `copy_sges` (`sg_list` is non-NULL: `null_sg_list` was checked above).
+            let sges = unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) };
+            req.total_len = sges.iter().map(|s| u64::from(s.length)).sum();
+        }
+        return req;
+    }
+    req.sges = copy_sges(w.sg_list, w.num_sge);
+    req.total_len = req.sges.iter().map(|s| u64::from(s.len)).sum();
+    if inline_flag && req.total_len <= u64::from(max_inline) {
+        let mut data = Vec::with_capacity(req.total_len as usize);
+        for s in &req.sges {
+            // SAFETY: with IBV_SEND_INLINE the caller promises each SGE's `[addr, addr + length)` is readable
+            // during the call (no lkey is involved); the data is copied now, as an HCA copies inline data at
+            // post time.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) });
+        }
+        req.inline = Some(data);
+    }
+    req
+}
+
+/// `ibv_post_send`: posts the chain in order; on the first WR refused, returns its positive errno with
+/// `*bad_wr` at it (earlier WRs stay posted).
+pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    guarded(libc::EIO, || {
+        let set_bad = |at: *mut ibv_send_wr| {
+            if !bad_wr.is_null() {
+                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
+                unsafe { *bad_wr = at };
+            }
+        };
+        if qp.is_null() {
+            set_bad(wr);
+            return libc::EINVAL;
+        }
+        // SAFETY: this callback is reached through `qp->context->ops`, so `qp` is a live QP whose context is a
+        // sim device's, alive while its objects are used.
+        let Some(device) = (unsafe { SimDevice::from_context((*qp).context) }) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut model = device.model().borrow_mut();
+        let Some((caps, copy)) = model.post_info(qp) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut posted = 0u32;
+        let mut cur = wr;
+        let mut rc = 0;
+        while !cur.is_null() {
+            // SAFETY: `cur` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
+            let req = unsafe { read_send_wr(cur, caps.max_send_sge, caps.max_inline_data, copy) };
+            if let Err(errno) = model.post_send(qp, req) {
+                set_bad(cur);
+                rc = errno;
+                break;
+            }
+            posted += 1;
+            // SAFETY: as above.
+            cur = unsafe { (*cur).next };
+        }
+        if posted > 0 {
+            model.doorbell(qp);
+        }
+        rc
+    })
+}
+
+/// `ibv_post_recv`: as `post_send`, for receive WRs.
+pub(crate) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    guarded(libc::EIO, || {
+        let set_bad = |at: *mut ibv_recv_wr| {
+            if !bad_wr.is_null() {
+                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
+                unsafe { *bad_wr = at };
+            }
+        };
+        if qp.is_null() {
+            set_bad(wr);
+            return libc::EINVAL;
+        }
+        // SAFETY: as in `post_send`.
+        let Some(device) = (unsafe { SimDevice::from_context((*qp).context) }) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut model = device.model().borrow_mut();
+        let Some((caps, copy)) = model.post_info(qp) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: `cur` is the caller's receive WR chain, valid for reads as `ibv_post_recv` requires.
+            let w = unsafe { &*cur };
+            let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
+            let in_range = w.num_sge >= 0 && w.num_sge as u32 <= caps.max_recv_sge;
+            let sges = if copy && in_range && !null_sg_list { copy_sges(w.sg_list, w.num_sge) } else { Vec::new() };
+            let req = RecvRequest { wr_id: w.wr_id, num_sge: w.num_sge, null_sg_list, sges };
+            if let Err(errno) = model.post_recv(qp, req) {
+                set_bad(cur);
+                return errno;
+            }
+            cur = w.next;
+        }
+        0
+    })
+}
+
+/// `ibv_poll_cq`: advances the model `steps_per_poll` steps, then returns up to `num_entries` CQEs in FIFO
+/// order; a negative errno for a CQ that is not ours.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    guarded(-libc::EIO, || {
+        if cq.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: reached through `cq->context->ops`, so `cq` is a live CQ of a live sim device.
+        let Some(device) = (unsafe { SimDevice::from_context((*cq).context) }) else {
+            return -libc::EINVAL;
+        };
+        let mut model = device.model().borrow_mut();
+        if !model.owns_cq(cq) {
+            return -libc::EINVAL;
+        }
+        if num_entries < 0 || (num_entries > 0 && wc.is_null()) {
+            return -libc::EINVAL;
+        }
+        let n = model.poll(cq, num_entries as usize, |i, entry| {
+            // SAFETY: `wc` holds `num_entries` writable `ibv_wc`s as `ibv_poll_cq` requires, and `i` is below it.
+            unsafe { wc.add(i).write(entry) };
+        });
+        n as c_int
+    })
+}
+
+/// `ibv_req_notify_cq`: counts the arm and succeeds (the device raises no completion events).
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    guarded(libc::EIO, || {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: as in `poll_cq`.
+        let Some(device) = (unsafe { SimDevice::from_context((*cq).context) }) else {
+            return libc::EINVAL;
+        };
+        let result = device.model().borrow_mut().arm(cq);
+        match result {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
