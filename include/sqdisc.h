@@ -542,7 +542,7 @@ int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
  *
  * Returns 0, or `-EINVAL` (NULL argument).
  */
-int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, ibv_mw *mw);
+int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
 
 #ifdef __cplusplus
 }  // extern "C"
