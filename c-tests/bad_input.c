@@ -6,129 +6,9 @@
  * Each scenario prints "PASS <name>" or "FAIL <name>: <why>"; a failed scenario is torn down and the next one
  * runs; the exit status is non-zero if any failed. */
 
-#include <sqdisc.h>
-#include <sqdisc_scripted.h>
-#include <infiniband/verbs.h>
-
-#include <errno.h>
-#include <limits.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* ---- checks --------------------------------------------------------------------------------------------- */
-
-static const char *current = "setup";
-static int failures;
-static jmp_buf scenario_exit;
-
-/* A failed check ends the scenario (longjmp back to run()). Never used inside a callback, which runs inside
- * the library: callbacks record what they saw, and the scenario checks it afterwards. */
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            printf("FAIL %s: %s:%d: %s (last error: \"%s\")\n", current, __FILE__, __LINE__, #cond,          \
-                   sqd_last_error());                                                                        \
-            longjmp(scenario_exit, 1);                                                                       \
-        }                                                                                                    \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                                       \
-    do {                                                                                                     \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                                  \
-        if (a_ != b_) {                                                                                      \
-            printf("FAIL %s: %s:%d: %s is %lld, expected %s = %lld (last error: \"%s\")\n", current,         \
-                   __FILE__, __LINE__, #a, a_, #b, b_, sqd_last_error());                                    \
-            longjmp(scenario_exit, 1);                                                                       \
-        }                                                                                                    \
-    } while (0)
-
-/* sqd_last_error() is not cleared by successful calls, so before each bad call it is set to a sentinel
- * message (a failing sqd_cq_poll with max -4242); the bad call must replace it with its own. */
-static struct sqd_cq *sentinel_cq;
-#define SENTINEL "-4242"
-
-static void reset_error(void)
-{
-    struct ibv_wc wc;
-    if (sqd_cq_poll(sentinel_cq, -4242, &wc) != -EINVAL || !strstr(sqd_last_error(), SENTINEL)) {
-        printf("FAIL %s: cannot set the sentinel error (got \"%s\")\n", current, sqd_last_error());
-        longjmp(scenario_exit, 1);
-    }
-}
-
-static void check_message(const char *expr, const char *substr, const char *file, int line)
-{
-    const char *msg = sqd_last_error();
-    if (!msg || !msg[0] || strstr(msg, SENTINEL) || !strstr(msg, substr)) {
-        printf("FAIL %s: %s:%d: %s: sqd_last_error() is \"%s\", expected a new message containing \"%s\"\n",
-               current, file, line, expr, msg ? msg : "(NULL)", substr);
-        longjmp(scenario_exit, 1);
-    }
-}
-
-/* `expr` returns -err and leaves a message containing `substr`. */
-#define EXPECT_ERR(expr, err, substr)                                                                        \
-    do {                                                                                                     \
-        reset_error();                                                                                       \
-        long long rc_ = (long long)(expr);                                                                   \
-        if (rc_ != -(long long)(err)) {                                                                      \
-            printf("FAIL %s: %s:%d: %s returned %lld, expected -%s = %lld (last error: \"%s\")\n", current,  \
-                   __FILE__, __LINE__, #expr, rc_, #err, -(long long)(err), sqd_last_error());               \
-            longjmp(scenario_exit, 1);                                                                       \
-        }                                                                                                    \
-        check_message(#expr, substr, __FILE__, __LINE__);                                                    \
-    } while (0)
+#include "support/harness.h"
 
 /* ---- a managed queue on the scripted device --------------------------------------------------------------- */
-
-#define MAX_QUEUES 4
-#define LOG_CAP 256
-
-struct mq;
-typedef void (*hook_fn)(struct mq *m, const struct sqd_completion *c);
-
-struct mq {
-    struct ibv_qp *qp;
-    struct sqd_queue *q;
-    uint64_t log[LOG_CAP]; /* released wr_ids */
-    size_t nlog;
-    hook_fn hook;
-};
-
-struct rig {
-    struct sqd_scripted *dev;
-    struct ibv_cq *cq;
-    struct sqd_cq *scq;
-    struct sqd_cq *extra_scq[2]; /* more managed CQs, freed after the queues */
-    struct mq *mq[MAX_QUEUES];
-    int nmq;
-};
-
-static struct rig *the_rig;
-
-static void on_release(void *ctx, const struct sqd_completion *c)
-{
-    struct mq *m = ctx;
-    if (m->nlog < LOG_CAP)
-        m->log[m->nlog] = c->wr_id;
-    m->nlog++;
-    if (m->hook)
-        m->hook(m, c);
-}
-
-static struct rig *rig_new(int cqe)
-{
-    struct rig *r = calloc(1, sizeof *r);
-    CHECK(r != NULL);
-    the_rig = r;
-    CHECK_EQ(sqd_scripted_new(&r->dev), 0);
-    CHECK_EQ(sqd_scripted_create_cq(r->dev, cqe, &r->cq), 0);
-    CHECK_EQ(sqd_cq_new(r->cq, &r->scq), 0);
-    return r;
-}
 
 /* A QP of depth sq (receive depth rq, 2 SGEs, 16 inline bytes) on `send_cq`/`recv_cq`. */
 static struct ibv_qp *make_qp(struct rig *r, struct ibv_cq *send_cq, struct ibv_cq *recv_cq, uint32_t sq, uint32_t rq)
@@ -153,12 +33,9 @@ static struct sqd_queue_attr attr_for(struct ibv_qp *qp, struct mq *m)
 }
 
 /* A managed queue on the rig's CQ (receives managed there too when rq > 0). */
-static struct mq *add_queue(struct rig *r, uint32_t sq, uint32_t rq, uint32_t backlog)
+static struct mq *add_small_queue(struct rig *r, uint32_t sq, uint32_t rq, uint32_t backlog)
 {
-    CHECK(r->nmq < MAX_QUEUES);
-    struct mq *m = calloc(1, sizeof *m);
-    CHECK(m != NULL);
-    r->mq[r->nmq++] = m;
+    struct mq *m = rig_add_mq(r);
     m->qp = make_qp(r, r->cq, r->cq, sq, rq);
     struct sqd_queue_attr attr = attr_for(m->qp, m);
     attr.rq_depth = rq;
@@ -167,80 +44,12 @@ static struct mq *add_queue(struct rig *r, uint32_t sq, uint32_t rq, uint32_t ba
     return m;
 }
 
-static void rig_teardown(struct rig *r)
-{
-    if (!r)
-        return;
-    for (int i = r->nmq - 1; i >= 0; i--) {
-        struct mq *m = r->mq[i];
-        m->hook = NULL;
-        if (m->q && sqd_queue_free(m->q) != 0) {
-            struct ibv_wc wc[16];
-            sqd_scripted_set_error(m->qp);
-            for (int k = 0; k < 64 && sqd_queue_drain(m->q) == -EINPROGRESS; k++)
-                sqd_cq_poll(r->scq, 16, wc);
-            if (sqd_queue_free(m->q) != 0)
-                printf("FAIL %s: teardown: queue %d cannot be freed: %s\n", current, i, sqd_last_error());
-        }
-        free(m);
-    }
-    if (sqd_cq_free(r->scq) != 0)
-        printf("FAIL %s: teardown: CQ cannot be freed: %s\n", current, sqd_last_error());
-    for (int j = 0; j < 2; j++)
-        if (sqd_cq_free(r->extra_scq[j]) != 0)
-            printf("FAIL %s: teardown: CQ %d cannot be freed: %s\n", current, j + 1, sqd_last_error());
-    sqd_scripted_free(r->dev);
-    free(r);
-}
-
-static int poll_all(struct sqd_cq *scq)
-{
-    int total = 0;
-    for (;;) {
-        struct ibv_wc wc[8];
-        int n = sqd_cq_poll(scq, 8, wc);
-        CHECK(n >= 0);
-        total += n;
-        if (n < 8)
-            return total;
-    }
-}
-
-static struct sqd_queue_stats qstats(struct mq *m)
-{
-    struct sqd_queue_stats s;
-    CHECK_EQ(sqd_queue_stats(m->q, &s), 0);
-    return s;
-}
-
-static struct sqd_cq_stats cqstats(struct sqd_cq *c)
-{
-    struct sqd_cq_stats s;
-    CHECK_EQ(sqd_cq_stats(c, &s), 0);
-    return s;
-}
-
 static uint64_t device_wqes(struct mq *m)
 {
     struct sqd_scripted_qp_stats s;
     CHECK_EQ(sqd_scripted_qp_stats(m->qp, &s), 0);
     return s.wqes_posted;
 }
-
-/* Completes and polls until every send WR accepted on `m` is released. */
-static void settle(struct rig *r, struct mq *m)
-{
-    for (int round = 0; round < 100; round++) {
-        struct sqd_queue_stats s = qstats(m);
-        if (s.accepted == s.released)
-            return;
-        CHECK(sqd_scripted_complete(m->qp, INT_MAX) >= 0);
-        poll_all(r->scq);
-    }
-    CHECK(!"settle: WRs still unreleased after 100 rounds of complete + poll");
-}
-
-static void no_violations(struct rig *r) { CHECK_EQ(sqd_scripted_violation_count(r->dev), 0); }
 
 /* ---- WR chains ---------------------------------------------------------------------------------------------- */
 
@@ -397,7 +206,7 @@ static void bad_queue_attributes(void)
 static void null_arguments_of_queue_functions(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 0, 0);
+    struct mq *m = add_small_queue(r, 8, 0, 0);
     struct chain c;
     struct ibv_send_wr *wr = make_chain(&c, 0, 1), *bad = NULL;
     struct ibv_sge rsge = {.addr = (uintptr_t)data[0], .length = 64, .lkey = 5};
@@ -523,8 +332,8 @@ static void refuse_bad_wrs(struct rig *r, struct mq *m)
         CHECK_EQ(device_wqes(m) + qstats(m).backlog, wqes + 2);
         settle(r, m);
         CHECK_EQ(m->nlog, released + 2);
-        CHECK_EQ(m->log[released], base);
-        CHECK_EQ(m->log[released + 1], base + 1);
+        CHECK_EQ(m->log[released].wr_id, base);
+        CHECK_EQ(m->log[released + 1].wr_id, base + 1);
         base += 4;
     }
     no_violations(r);
@@ -533,14 +342,14 @@ static void refuse_bad_wrs(struct rig *r, struct mq *m)
 static void bad_wrs_are_refused_exactly(void)
 {
     struct rig *r = rig_new(64);
-    refuse_bad_wrs(r, add_queue(r, 16, 0, 0));
+    refuse_bad_wrs(r, add_small_queue(r, 16, 0, 0));
 }
 
 /* The same when the WRs before the bad one go to the backlog (one SQ slot): they are parked, still accepted. */
 static void bad_wrs_are_refused_exactly_behind_parked_ones(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 1, 0, 8);
+    struct mq *m = add_small_queue(r, 1, 0, 8);
     refuse_bad_wrs(r, m);
     CHECK(qstats(m).parked > 0);
     CHECK_EQ(qstats(m).backlog, 0);
@@ -549,7 +358,7 @@ static void bad_wrs_are_refused_exactly_behind_parked_ones(void)
 static void bad_receives_are_refused_exactly(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 4, 0);
+    struct mq *m = add_small_queue(r, 8, 4, 0);
     struct ibv_sge sge[3] = {{.addr = (uintptr_t)data[0], .length = 64, .lkey = 5},
                              {.addr = (uintptr_t)data[1], .length = 64, .lkey = 5},
                              {.addr = (uintptr_t)data[2], .length = 64, .lkey = 5}};
@@ -571,7 +380,7 @@ static void bad_receives_are_refused_exactly(void)
     CHECK_EQ(sqd_scripted_deliver(m->qp, 8, NULL), 0);
     CHECK_EQ(poll_all(r->scq), 1);
     CHECK_EQ(m->nlog, 1);
-    CHECK_EQ(m->log[0], 10);
+    CHECK_EQ(m->log[0].wr_id, 10);
     CHECK_EQ(qstats(m).recv_outstanding, 0);
 }
 
@@ -599,7 +408,7 @@ static void reenter_from_release(struct mq *m, const struct sqd_completion *c)
 static void reentrant_calls_from_a_release_callback(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 0, 0);
+    struct mq *m = add_small_queue(r, 8, 0, 0);
     memset(&reentry, 0, sizeof reentry);
     reentry.cq = r->scq;
     m->hook = reenter_from_release;
@@ -620,7 +429,7 @@ static void reentrant_calls_from_a_release_callback(void)
     CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 2, 2), &(struct ibv_send_wr *){NULL}), 0);
     settle(r, m);
     CHECK_EQ(m->nlog, 4);
-    CHECK_EQ(m->log[3], 3);
+    CHECK_EQ(m->log[3].wr_id, 3);
     CHECK_EQ(sqd_queue_free(m->q), 0);
     m->q = NULL;
     CHECK_EQ(sqd_cq_free(r->scq), 0);
@@ -630,7 +439,7 @@ static void reentrant_calls_from_a_release_callback(void)
 static void freeing_busy_objects(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 0, 0);
+    struct mq *m = add_small_queue(r, 8, 0, 0);
     struct chain c;
     struct ibv_send_wr *bad = NULL;
     CHECK_EQ(sqd_post_send(m->q, make_chain(&c, 0, 3), &bad), 0);
@@ -644,7 +453,7 @@ static void freeing_busy_objects(void)
     settle(r, m);
     CHECK_EQ(m->nlog, 7);
     for (int i = 0; i < 7; i++)
-        CHECK_EQ(m->log[i], i);
+        CHECK_EQ(m->log[i].wr_id, i);
     EXPECT_ERR(sqd_cq_free(r->scq), EBUSY, "attached");
     CHECK_EQ(sqd_queue_free(m->q), 0);
     m->q = NULL;
@@ -656,7 +465,7 @@ static void freeing_busy_objects(void)
 static void cq_budget_refuses_a_queue_that_does_not_fit(void)
 {
     struct rig *r = rig_new(40);
-    add_queue(r, 16, 0, 0); /* reserves 17 of 40 */
+    add_small_queue(r, 16, 0, 0); /* reserves 17 of 40 */
     struct ibv_qp *qp2 = make_qp(r, r->cq, r->cq, 32, 0);
     struct sqd_queue_attr a = attr_for(qp2, NULL);
     struct sqd_queue *q2 = NULL;
@@ -694,7 +503,7 @@ static void cq_budget_refuses_a_queue_that_does_not_fit(void)
 static void the_same_qp_managed_twice(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 0, 0);
+    struct mq *m = add_small_queue(r, 8, 0, 0);
     struct sqd_queue_attr a = attr_for(m->qp, NULL);
     struct sqd_queue *q2 = NULL;
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, m->qp, &a, &q2), EBUSY, "already managed");
@@ -716,14 +525,14 @@ static void the_same_qp_managed_twice(void)
 static void posting_on_closed_queues(void)
 {
     struct rig *r = rig_new(64);
-    struct mq *m = add_queue(r, 8, 0, 0);
+    struct mq *m = add_small_queue(r, 8, 0, 0);
     struct chain c;
     struct ibv_send_wr *bad = NULL;
     CHECK_EQ(sqd_queue_drain(m->q), 0); /* idle: done at once */
     EXPECT_ERR(sqd_post_send(m->q, make_chain(&c, 0, 2), &bad), EIO, "draining");
     CHECK(bad == &c.wr[0]);
     CHECK_EQ(qstats(m).accepted, 0);
-    struct mq *f = add_queue(r, 8, 0, 0);
+    struct mq *f = add_small_queue(r, 8, 0, 0);
     CHECK_EQ(sqd_post_send(f->q, make_chain(&c, 0, 1), &bad), 0);
     CHECK_EQ(sqd_scripted_fail(f->qp, IBV_WC_LOC_PROT_ERR, 9), 0);
     poll_all(r->scq);
@@ -732,30 +541,8 @@ static void posting_on_closed_queues(void)
     CHECK_EQ(f->nlog, 1);
 }
 
-/* ---- runner ---------------------------------------------------------------------------------------------- */
-
-static void run(const char *name, void (*scenario)(void))
-{
-    current = name;
-    the_rig = NULL;
-    if (setjmp(scenario_exit) == 0) {
-        scenario();
-        printf("PASS %s\n", name);
-    } else {
-        failures++;
-    }
-    rig_teardown(the_rig);
-    the_rig = NULL;
-}
-
 int main(void)
 {
-    struct sqd_scripted *dev = NULL;
-    struct ibv_cq *cq = NULL;
-    if (sqd_scripted_new(&dev) != 0 || sqd_scripted_create_cq(dev, 1, &cq) != 0 || sqd_cq_new(cq, &sentinel_cq) != 0) {
-        printf("FAIL bad_input: setup: %s\n", sqd_last_error());
-        return 1;
-    }
     run("null_arguments_of_cq_functions", null_arguments_of_cq_functions);
     run("null_arguments_of_queue_new_and_free", null_arguments_of_queue_new_and_free);
     run("bad_queue_attributes", bad_queue_attributes);
@@ -768,11 +555,5 @@ int main(void)
     run("cq_budget_refuses_a_queue_that_does_not_fit", cq_budget_refuses_a_queue_that_does_not_fit);
     run("the_same_qp_managed_twice", the_same_qp_managed_twice);
     run("posting_on_closed_queues", posting_on_closed_queues);
-    sqd_cq_free(sentinel_cq);
-    sqd_scripted_free(dev);
-    if (failures) {
-        printf("FAIL bad_input: %d scenario(s) failed\n", failures);
-        return 1;
-    }
-    return 0;
+    return harness_finish("bad_input");
 }
