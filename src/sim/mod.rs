@@ -334,6 +334,9 @@ impl SimDevice {
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
+        // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
+        // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead.
+        crate::verbs::control::register_device(ctx.cast(), dereg_for_library);
         Ok(device)
     }
 
@@ -629,8 +632,22 @@ impl SimDevice {
     }
 }
 
+/// The deregistration the device registers with [`crate::verbs::control::register_device`]: what
+/// [`SimDevice::dereg_mr`] does, as 0 or a positive errno.
+///
+/// # Safety
+/// The device that registered `mr`, if any, is alive and not in use by another thread.
+unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
+    // SAFETY: as this function's caller promises.
+    match unsafe { SimDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
 impl Drop for SimDevice {
     fn drop(&mut self) {
+        crate::verbs::control::unregister_device(self.context());
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every MR, QP and CQ referring to them was freed by `clear` above.

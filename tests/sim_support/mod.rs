@@ -226,3 +226,58 @@ pub fn poll_n(cq: *mut ibv_cq, n: usize, max_polls: usize) -> Vec<Wc> {
     }
     out
 }
+
+/// Links `ws` into a chain (SGE lists and `next` pointers) and returns its head.
+pub fn link(ws: &mut [W]) -> *mut ibv_send_wr {
+    for w in ws.iter_mut() {
+        w.wr.sg_list = if w.sges.is_empty() { ptr::null_mut() } else { w.sges.as_mut_ptr() };
+    }
+    for i in (0..ws.len()).rev() {
+        let next = if i + 1 < ws.len() { ptr::addr_of_mut!(ws[i + 1].wr) } else { ptr::null_mut() };
+        ws[i].wr.next = next;
+    }
+    ws.first_mut().map_or(ptr::null_mut(), |w| ptr::addr_of_mut!(w.wr))
+}
+
+/// Posts `ws` through a managed queue; `Err((errno, index of the first WR not taken))`.
+pub fn qpost(q: &sqdisc::Queue, ws: &mut [W]) -> Result<(), (i32, Option<usize>)> {
+    let head = link(ws);
+    // SAFETY: the chain lives in `ws` for the whole call (the queue copies what it parks).
+    let r = q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) });
+    r.map_err(|e| (e.error.errno(), ws.iter().position(|w| ptr::eq(&w.wr, e.bad.as_ptr()))))
+}
+
+/// Posts one receive through a managed queue.
+pub fn qpost_recv(q: &sqdisc::Queue, wr_id: u64, sges: &[(u64, u32, u32)]) -> i32 {
+    let mut list: Vec<ibv_sge> = sges.iter().map(|&(addr, length, lkey)| ibv_sge { addr, length, lkey }).collect();
+    // SAFETY: `ibv_recv_wr` is plain data; all-zero is valid.
+    let mut w: ibv_recv_wr = unsafe { std::mem::zeroed() };
+    w.wr_id = wr_id;
+    w.num_sge = list.len() as i32;
+    w.sg_list = list.as_mut_ptr();
+    // SAFETY: `w` and `list` live for the whole call.
+    match q.post_recv(unsafe { sqdisc::verbs::RecvChain::from_raw(&mut w) }) {
+        Ok(()) => 0,
+        Err(e) => e.error.errno(),
+    }
+}
+
+/// One poll of a managed CQ: the ULP-visible completions.
+pub fn qpoll(cq: &sqdisc::Cq) -> Vec<Wc> {
+    // SAFETY: all-zero is a valid `ibv_wc`.
+    let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+    let n = cq.poll(&mut wc).expect("managed poll");
+    wc[..n]
+        .iter()
+        .map(|w| Wc {
+            wr_id: w.wr_id,
+            status: w.status,
+            opcode: w.opcode,
+            byte_len: w.byte_len,
+            wc_flags: w.wc_flags,
+            // SAFETY: both union members are a u32.
+            imm: unsafe { w.imm_data_invalidated_rkey_union.imm_data },
+            qp_num: w.qp_num,
+        })
+        .collect()
+}
