@@ -42,6 +42,14 @@
 #define SQD_COMPLETION_BUFFER_MODIFIED 16
 
 /**
+ * `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
+ * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
+ * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
+ * the CQ. Queues on a thread-safe CQ have their sends and receives on that one CQ.
+ */
+#define SQD_CQ_THREAD_SAFE 1
+
+/**
  * `sqd_queue_attr.flags`: checksum every SGE a SEND or RDMA WRITE reads (not inline data) when the WR is
  * accepted and again at its release; a difference sets `SQD_COMPLETION_BUFFER_MODIFIED` and `modified_sge` in
  * the release and counts in `sqd_queue_stats.verify_mismatches`. The bytes must stay readable until the
@@ -115,6 +123,20 @@ struct sqd_cq_stats {
      * Idle-tail markers posted by `sqd_cq_poll`.
      */
     uint64_t tail_markers;
+};
+
+/**
+ * One queue of a plan for `sqd_cq_depth_for` (`struct sqd_queue_plan`).
+ */
+struct sqd_queue_plan {
+    /**
+     * The queue's sq_depth, if its sends complete on the CQ; else 0.
+     */
+    uint32_t sq_depth;
+    /**
+     * The queue's rq_depth, if its receives complete on the CQ; else 0.
+     */
+    uint32_t rq_depth;
 };
 
 /**
@@ -271,6 +293,10 @@ struct sqd_queue_stats {
      */
     uint64_t stray_cqes;
     /**
+     * CQEs that arrived after an async event made the queue release everything: swallowed.
+     */
+    uint64_t late_cqes;
+    /**
      * WQEs the provider holds now (no CQE polled at or after them yet).
      */
     uint32_t in_provider;
@@ -321,17 +347,24 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Takes `cq` under management and stores the new handle in `*out`: `sqd_cq_new_ex` with no flags.
+ */
+int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
+
+/**
  * Takes `cq` under management and stores the new handle in `*out`.
  *
  * The capacity is `cq->cqe`, the depth the provider granted. Queues attached to the CQ reserve their worst
  * case on it (see `sqd_queue_new`); CQEs of QPs that are not managed on it are passed through unchanged.
  *
  * Ownership: `cq` stays the caller's and must outlive the handle; free the handle with `sqd_cq_free` before
- * destroying `cq`. Thread safety: a `struct sqd_cq` and the queues on it are used from one thread at a time.
+ * destroying `cq`. Thread safety: by default a `struct sqd_cq` and the queues on it are used from one thread
+ * at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
  *
- * Returns 0, or `-EINVAL` (NULL argument, a CQ without a provider context or `poll_cq` op, `cqe <= 0`).
+ * Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
+ * `cqe <= 0`).
  */
-int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
+int32_t sqd_cq_new_ex(struct ibv_cq *cq, uint32_t flags, struct sqd_cq **out);
 
 /**
  * Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op.
@@ -367,6 +400,43 @@ int32_t sqd_cq_poll(struct sqd_cq *cq, int32_t max, struct ibv_wc *wc);
  * Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
+
+/**
+ * Arms the CQ for its completion channel (`ibv_req_notify_cq(cq, solicited_only)`), then polls it once more so
+ * that a completion that arrived between your last empty `sqd_cq_poll` and the arming is not missed: up to
+ * `max` completions are stored in `wc`, exactly as `sqd_cq_poll` would (releases run too).
+ *
+ * Returns 0 when the CQ is armed and was empty: sleep on the channel (`ibv_get_cq_event`, or epoll on its
+ * fd), then `ibv_ack_cq_events` and poll. A positive count: handle them, then poll again (and re-arm) before
+ * sleeping. Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
+ * notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
+ */
+int32_t sqd_cq_arm(struct sqd_cq *cq,
+                   int32_t solicited_only,
+                   int32_t max,
+                   struct ibv_wc *wc);
+
+/**
+ * Tells the library about an asynchronous event of the CQ (`type` is an `enum ibv_event_type` value, as read
+ * by `ibv_get_async_event`). `IBV_EVENT_CQ_ERR`: the CQ will deliver no more completions, so every queue
+ * attached to it fails and releases at once, in post order, every posted WR and receive with
+ * `IBV_WC_WR_FLUSH_ERR` and every backlogged WR as never posted; completions that still arrive for them are
+ * swallowed. Release callbacks run inside this call.
+ *
+ * Returns 0, or `-EINVAL` (NULL `cq`, an event that is not a CQ's).
+ */
+int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
+
+/**
+ * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
+ * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
+ * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`.
+ *
+ * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`).
+ */
+int32_t sqd_cq_depth_for(const struct sqd_queue_plan *plans,
+                         size_t n,
+                         uint64_t *out);
 
 /**
  * The message of the calling thread's most recent failed `sqd_*` call, as a NUL-terminated string.
@@ -543,6 +613,21 @@ int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
  * Returns 0, or `-EINVAL` (NULL argument).
  */
 int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
+
+/**
+ * Tells the queue about an asynchronous event of its QP (`type` is an `enum ibv_event_type` value, as read by
+ * `ibv_get_async_event`).
+ *
+ * `IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`: the QP is in the error state, the
+ * HCA no longer executes its WRs, and its CQ may deliver no flush completion at all: the queue fails and
+ * releases at once, in post order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
+ * backlogged WR as never posted; completions that still arrive for them are swallowed (counted in
+ * `late_cqes`). Release callbacks run inside this call. `IBV_EVENT_COMM_EST`, `IBV_EVENT_SQ_DRAINED`,
+ * `IBV_EVENT_PATH_MIG`, `IBV_EVENT_QP_LAST_WQE_REACHED`: nothing to do.
+ *
+ * Returns 0, or `-EINVAL` (NULL `q`, an event that is not a QP's).
+ */
+int32_t sqd_queue_async_event(struct sqd_queue *q, uint32_t type);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -3,6 +3,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::discipline::budget::CqBudget;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
@@ -41,7 +42,12 @@ pub(crate) struct CqShared {
     pub(crate) handle: CqHandle,
     state: RefCell<CqState>,
     polling: Cell<bool>,
+    /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
+    pub(crate) lock: Option<Arc<CqLock>>,
 }
+
+/// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
+pub type CqLock = parking_lot::ReentrantMutex<()>;
 
 struct CqState {
     budget: CqBudget,
@@ -64,6 +70,12 @@ pub struct Cq {
 impl Cq {
     /// Takes a CQ under management. Its capacity is the `cqe` the provider granted.
     pub fn new(handle: CqHandle) -> Cq {
+        Cq::with_lock(handle, false)
+    }
+
+    /// Like [`Cq::new`]; with `thread_safe` the CQ carries a lock ([`Cq::lock`]) that the C layer takes around
+    /// every call on the CQ and on its queues, so that any thread may post while one polls.
+    pub fn with_lock(handle: CqHandle, thread_safe: bool) -> Cq {
         let capacity = handle.capacity() as u64;
         Cq {
             shared: Rc::new(CqShared {
@@ -78,8 +90,14 @@ impl Cq {
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 polling: Cell::new(false),
+                lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
             }),
         }
+    }
+
+    /// The lock of a thread-safe CQ (`None` in the default single-threaded mode).
+    pub fn lock(&self) -> Option<&Arc<CqLock>> {
+        self.shared.lock.as_ref()
     }
 
     /// Queues attached to this CQ.
@@ -102,6 +120,29 @@ impl Cq {
             return Err(Error::new(libc::EBUSY, format!("the CQ still has {n} queue(s) attached; free them first")));
         }
         Ok(())
+    }
+
+    /// Tells the CQ about an asynchronous event (an `enum ibv_event_type` value). `IBV_EVENT_CQ_ERR`: the CQ
+    /// delivers no more CQEs, so every queue attached to it (by its sends or its receives) fails and releases
+    /// everything at once, as for `Queue::on_async_event` with `IBV_EVENT_QP_FATAL`. Other events: `EINVAL`.
+    pub fn on_async_event(&self, event: u32) -> Result<()> {
+        if event != crate::queue::EV_CQ_ERR {
+            return Err(Error::invalid(format!("event {event} is not an event of a CQ (IBV_EVENT_CQ_ERR is 0)")));
+        }
+        let queues: Vec<Rc<QueueShared>> = self.shared.state.borrow().table.iter().flatten().cloned().collect();
+        for q in queues {
+            q.abandon();
+        }
+        Ok(())
+    }
+
+    /// Arms the CQ for its completion channel (`ibv_req_notify_cq`), then polls it once more, so a completion
+    /// that arrived between the caller's last empty poll and the arming is not missed (the classic race).
+    /// Returns the completions that poll found, like [`Cq::poll`]: 0 means armed and empty, safe to sleep on
+    /// the channel; more means handle them and poll again before sleeping.
+    pub fn arm(&self, solicited_only: bool, out: &mut [ibv_wc]) -> Result<usize> {
+        self.shared.handle.req_notify(solicited_only)?;
+        self.shared.poll(out)
     }
 
     /// Reaps completions into `out` and returns how many are for the ULP: exactly the work completions raw verbs

@@ -128,6 +128,8 @@ pub struct QueueStats {
     pub recv_cqes: u64,
     /// CQEs of this QP that matched no outstanding WR.
     pub stray_cqes: u64,
+    /// CQEs that arrived after an async event made the queue release everything: swallowed.
+    pub late_cqes: u64,
     /// WQEs the provider holds now (no CQE polled at or after them yet).
     pub in_provider: u32,
     /// Free SQ slots now.
@@ -264,6 +266,13 @@ impl Queue {
             }
         }
         let same_cq = recv_cq.is_some_and(|r| Rc::ptr_eq(&r.shared, &send_cq.shared));
+        if let Some(r) = recv_cq {
+            if !same_cq && (send_cq.lock().is_some() || r.lock().is_some()) {
+                return Err(Error::invalid(
+                    "a queue on a thread-safe CQ must have its sends and receives on that one CQ (one lock)",
+                ));
+            }
+        }
         let (send_need, recv_need) = if same_cq {
             (reservation(c.sq_depth, c.rq_depth, true, true), 0)
         } else {
@@ -401,6 +410,25 @@ impl Queue {
         self.shared.drain()
     }
 
+    /// Tells the queue about an asynchronous event of its QP (an `enum ibv_event_type` value).
+    ///
+    /// `IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_REQ_ERR` and `IBV_EVENT_QP_ACCESS_ERR` put the QP in the error state,
+    /// where the HCA no longer executes its WRs, and a CQ in error may deliver no flush CQE at all: the queue
+    /// fails and releases at once, in order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
+    /// parked WR as never posted; CQEs that still arrive for them are swallowed. `IBV_EVENT_SQ_DRAINED`,
+    /// `IBV_EVENT_COMM_EST`, `IBV_EVENT_PATH_MIG` and `IBV_EVENT_QP_LAST_WQE_REACHED` need nothing. Other events do
+    /// not concern a QP: `EINVAL`.
+    pub fn on_async_event(&self, event: u32) -> Result<()> {
+        match event {
+            EV_QP_FATAL | EV_QP_REQ_ERR | EV_QP_ACCESS_ERR => {
+                self.shared.abandon();
+                Ok(())
+            }
+            EV_COMM_EST | EV_SQ_DRAINED | EV_PATH_MIG | EV_QP_LAST_WQE_REACHED => Ok(()),
+            _ => Err(Error::invalid(format!("event {event} is not an event of a QP"))),
+        }
+    }
+
     /// `EBUSY` while WRs or receives are outstanding (not yet released).
     pub fn check_free(&self) -> Result<()> {
         self.shared.check_free()
@@ -412,6 +440,11 @@ impl Queue {
 
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num()
+    }
+
+    /// The lock of the queue's (thread-safe) CQ, if any.
+    pub fn lock(&self) -> Option<&std::sync::Arc<crate::cq::CqLock>> {
+        self.shared.send_cq.lock.as_ref()
     }
 
     /// Bytes this queue allocated: its fixed part, slot records and backlog storage.
@@ -443,6 +476,15 @@ impl Drop for Queue {
         }
     }
 }
+
+pub(crate) const EV_CQ_ERR: u32 = 0;
+const EV_QP_FATAL: u32 = 1;
+const EV_QP_REQ_ERR: u32 = 2;
+const EV_QP_ACCESS_ERR: u32 = 3;
+const EV_COMM_EST: u32 = 4;
+const EV_SQ_DRAINED: u32 = 5;
+const EV_PATH_MIG: u32 = 6;
+const EV_QP_LAST_WQE_REACHED: u32 = 16;
 
 fn closed_error(c: Closed) -> Error {
     match c {
@@ -678,11 +720,15 @@ impl QueueShared {
             match token.direction() {
                 Direction::Send => match st.send.on_cqe(token, status, vendor_err) {
                     CqeOutcome::Visible { wr_id } => CqeFate::Visible(wr_id),
-                    CqeOutcome::Hidden => CqeFate::Hidden,
+                    CqeOutcome::Hidden | CqeOutcome::Late => CqeFate::Hidden,
                     CqeOutcome::Stray => return CqeFate::Stray,
                 },
-                Direction::Recv => match st.recv.as_mut().and_then(|r| r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv)) {
-                    Some(wr_id) => CqeFate::Visible(wr_id),
+                Direction::Recv => match st.recv.as_mut() {
+                    Some(r) => match r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv) {
+                        Some(wr_id) => CqeFate::Visible(wr_id),
+                        None if r.is_abandoned() => CqeFate::Hidden,
+                        None => return CqeFate::Stray,
+                    },
                     None => return CqeFate::Stray,
                 },
             }
@@ -886,6 +932,18 @@ impl QueueShared {
         }
     }
 
+    /// No CQE may come for this queue's WRs any more: release them all now (see `Queue::on_async_event`).
+    pub(crate) fn abandon(&self) {
+        {
+            let mut st = self.state.borrow_mut();
+            st.send.abandon();
+            if let Some(r) = st.recv.as_mut() {
+                r.abandon();
+            }
+        }
+        self.run_releases();
+    }
+
     fn drain(&self) -> Result<()> {
         {
             let mut st = self.state.borrow_mut();
@@ -953,6 +1011,7 @@ impl QueueShared {
             recv_posted: recv.map_or(0, |r| r.posted),
             recv_cqes: recv.map_or(0, |r| r.cqes),
             stray_cqes: c.stray_cqes + recv.map_or(0, |r| r.stray_cqes),
+            late_cqes: c.late_cqes + recv.map_or(0, |r| r.late_cqes),
             in_provider: st.send.in_provider() as u32,
             credits: st.send.credits(),
             backlog: st.send.backlog_len() as u32,

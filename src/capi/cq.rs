@@ -1,4 +1,8 @@
 //! C API: `struct sqd_cq`, a managed completion queue.
+//!
+//! Thread-safe CQs: every function here and in `queue.rs` takes the CQ's reentrant lock (`_held`) before
+//! touching the CQ or a queue on it. The library's objects are single-threaded (`Rc`, `RefCell`); the lock
+//! serialises every access to them, reference counts included, so no two threads ever touch them at once.
 
 use rdma_sys::{ibv_cq, ibv_wc};
 
@@ -7,26 +11,43 @@ use crate::cq::{Cq, CqStats};
 use crate::verbs::CqHandle;
 use crate::Error;
 
+/// Takes `cq` under management and stores the new handle in `*out`: `sqd_cq_new_ex` with no flags.
+#[no_mangle]
+pub extern "C" fn sqd_cq_new(cq: *mut ibv_cq, out: *mut *mut Cq) -> i32 {
+    sqd_cq_new_ex(cq, 0, out)
+}
+
+/// `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
+/// polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
+/// call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
+/// the CQ. Queues on a thread-safe CQ have their sends and receives on that one CQ.
+pub const SQD_CQ_THREAD_SAFE: u32 = 1;
+
 /// Takes `cq` under management and stores the new handle in `*out`.
 ///
 /// The capacity is `cq->cqe`, the depth the provider granted. Queues attached to the CQ reserve their worst
 /// case on it (see `sqd_queue_new`); CQEs of QPs that are not managed on it are passed through unchanged.
 ///
 /// Ownership: `cq` stays the caller's and must outlive the handle; free the handle with `sqd_cq_free` before
-/// destroying `cq`. Thread safety: a `struct sqd_cq` and the queues on it are used from one thread at a time.
+/// destroying `cq`. Thread safety: by default a `struct sqd_cq` and the queues on it are used from one thread
+/// at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
 ///
-/// Returns 0, or `-EINVAL` (NULL argument, a CQ without a provider context or `poll_cq` op, `cqe <= 0`).
+/// Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
+/// `cqe <= 0`).
 #[no_mangle]
-pub extern "C" fn sqd_cq_new(cq: *mut ibv_cq, out: *mut *mut Cq) -> i32 {
+pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) -> i32 {
     ffi_boundary!({
         let out = try_mut!(out, "out");
         *out = std::ptr::null_mut();
+        if flags & !SQD_CQ_THREAD_SAFE != 0 {
+            return fail(&Error::invalid(format!("flags {flags:#x} has unknown bits")));
+        }
         // SAFETY: the caller passes a valid CQ (or NULL, rejected inside) that outlives the handle, as documented.
         let handle = match unsafe { CqHandle::from_raw(cq) } {
             Ok(h) => h,
             Err(e) => return fail(&e),
         };
-        *out = Box::into_raw(Box::new(Cq::new(handle)));
+        *out = Box::into_raw(Box::new(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0)));
         0
     })
 }
@@ -41,6 +62,8 @@ pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
         if cq.is_null() {
             return 0;
         }
+        let lock = try_ref!(cq, "cq").lock().cloned();
+        let _held = lock.as_deref().map(|l| l.lock());
         if let Err(e) = try_ref!(cq, "cq").check_free() {
             return fail(&e);
         }
@@ -72,6 +95,7 @@ pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
 pub extern "C" fn sqd_cq_poll(cq: *mut Cq, max: i32, wc: *mut ibv_wc) -> i32 {
     ffi_boundary!({
         let cq = try_ref!(cq, "cq");
+        let _held = cq.lock().map(|l| l.lock());
         if max < 0 {
             return fail(&Error::invalid(format!("max is {max}; it must be >= 0")));
         }
@@ -95,8 +119,89 @@ pub extern "C" fn sqd_cq_poll(cq: *mut Cq, max: i32, wc: *mut ibv_wc) -> i32 {
 pub extern "C" fn sqd_cq_stats(cq: *const Cq, out: *mut CqStats) -> i32 {
     ffi_boundary!({
         let cq = try_ref!(cq, "cq");
+        let _held = cq.lock().map(|l| l.lock());
         let out = try_mut!(out, "out");
         *out = cq.stats();
         status(Ok(()))
+    })
+}
+
+/// Arms the CQ for its completion channel (`ibv_req_notify_cq(cq, solicited_only)`), then polls it once more so
+/// that a completion that arrived between your last empty `sqd_cq_poll` and the arming is not missed: up to
+/// `max` completions are stored in `wc`, exactly as `sqd_cq_poll` would (releases run too).
+///
+/// Returns 0 when the CQ is armed and was empty: sleep on the channel (`ibv_get_cq_event`, or epoll on its
+/// fd), then `ibv_ack_cq_events` and poll. A positive count: handle them, then poll again (and re-arm) before
+/// sleeping. Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
+/// notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
+#[no_mangle]
+pub extern "C" fn sqd_cq_arm(cq: *mut Cq, solicited_only: i32, max: i32, wc: *mut ibv_wc) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq, "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        if max <= 0 {
+            return fail(&Error::invalid(format!("max is {max}; arming needs room for at least one completion")));
+        }
+        if wc.is_null() {
+            return fail(&Error::invalid("wc is NULL"));
+        }
+        // SAFETY: the caller provides an array of `max` writable `struct ibv_wc`.
+        let out = unsafe { std::slice::from_raw_parts_mut(wc, max as usize) };
+        match cq.arm(solicited_only != 0, out) {
+            Ok(n) => n as i32,
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Tells the library about an asynchronous event of the CQ (`type` is an `enum ibv_event_type` value, as read
+/// by `ibv_get_async_event`). `IBV_EVENT_CQ_ERR`: the CQ will deliver no more completions, so every queue
+/// attached to it fails and releases at once, in post order, every posted WR and receive with
+/// `IBV_WC_WR_FLUSH_ERR` and every backlogged WR as never posted; completions that still arrive for them are
+/// swallowed. Release callbacks run inside this call.
+///
+/// Returns 0, or `-EINVAL` (NULL `cq`, an event that is not a CQ's).
+#[no_mangle]
+pub extern "C" fn sqd_cq_async_event(cq: *mut Cq, r#type: u32) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq, "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        status(cq.on_async_event(r#type))
+    })
+}
+
+/// One queue of a plan for `sqd_cq_depth_for` (`struct sqd_queue_plan`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QueuePlan {
+    /// The queue's sq_depth, if its sends complete on the CQ; else 0.
+    pub sq_depth: u32,
+    /// The queue's rq_depth, if its receives complete on the CQ; else 0.
+    pub rq_depth: u32,
+}
+
+/// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
+/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
+/// `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`.
+///
+/// Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`).
+#[no_mangle]
+pub extern "C" fn sqd_cq_depth_for(plans: *const QueuePlan, n: usize, out: *mut u64) -> i32 {
+    ffi_boundary!({
+        let out = try_mut!(out, "out");
+        if n > 0 && plans.is_null() {
+            return fail(&Error::invalid("plans is NULL"));
+        }
+        let plans = if n == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller provides `n` readable plans.
+            unsafe { std::slice::from_raw_parts(plans, n) }
+        };
+        *out = plans
+            .iter()
+            .map(|p| crate::discipline::budget::reservation(p.sq_depth, p.rq_depth, p.sq_depth > 0, p.rq_depth > 0))
+            .sum();
+        0
     })
 }

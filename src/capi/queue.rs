@@ -85,6 +85,7 @@ pub extern "C" fn sqd_queue_new(
         let out = try_mut!(out, "out");
         *out = ptr::null_mut();
         let send_cq = try_ref!(send_cq, "send_cq");
+        let _held = send_cq.lock().map(|l| l.lock());
         let attr = try_ref!(attr, "attr");
         // SAFETY: non-NULL handles come from `sqd_cq_new` (the caller's promise).
         let recv_cq = (!recv_cq.is_null()).then(|| unsafe { &*recv_cq });
@@ -131,6 +132,8 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
         if q.is_null() {
             return 0;
         }
+        let lock = try_ref!(q, "q").lock().cloned();
+        let _held = lock.as_deref().map(|l| l.lock());
         if let Err(e) = try_ref!(q, "q").check_free() {
             return fail(&e);
         }
@@ -163,6 +166,7 @@ pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mu
         let bad_wr = try_mut!(bad_wr, "bad_wr");
         *bad_wr = wr;
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         if wr.is_null() {
             return fail(&Error::invalid("wr is NULL"));
         }
@@ -193,6 +197,7 @@ pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mu
         let bad_wr = try_mut!(bad_wr, "bad_wr");
         *bad_wr = wr;
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         if wr.is_null() {
             return fail(&Error::invalid("wr is NULL"));
         }
@@ -220,6 +225,7 @@ pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mu
 pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
         // SAFETY: the C caller promises `fn` may be called once with `ctx`.
         q.defer(Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) }));
@@ -240,7 +246,11 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
 /// posted).
 #[no_mangle]
 pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
-    ffi_boundary!({ status(try_ref!(q, "q").drain()) })
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
+        status(q.drain())
+    })
 }
 
 /// Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
@@ -248,6 +258,7 @@ pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
 pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let out = try_mut!(out, "out");
         *out = q.stats();
         0
@@ -276,6 +287,7 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         if flags & !SQD_INVALIDATE_FENCE != 0 {
             return fail(&Error::invalid(format!("flags {flags:#x} has unknown bits")));
         }
@@ -296,6 +308,7 @@ pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u3
 pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         status(q.track_mr(mr.lkey))
     })
@@ -306,6 +319,7 @@ pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
 pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         status(q.untrack_mr(mr.lkey))
     })
@@ -320,6 +334,7 @@ pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 
 pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
         // SAFETY: the C caller promises `fn` may be called once with `ctx`.
@@ -338,6 +353,7 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
 pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         let lkey = try_ref!(mr, "mr").lkey;
         // SAFETY: the caller hands `mr` over to be deregistered once, later.
         q.defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) });
@@ -354,11 +370,32 @@ pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
 pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
         if mw.is_null() {
             return fail(&Error::invalid("mw is NULL"));
         }
         // SAFETY: the caller hands `mw` over to be deallocated once, later.
         q.defer_teardown(None, unsafe { Teardown::dealloc_mw(mw) });
         0
+    })
+}
+
+/// Tells the queue about an asynchronous event of its QP (`type` is an `enum ibv_event_type` value, as read by
+/// `ibv_get_async_event`).
+///
+/// `IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_REQ_ERR`, `IBV_EVENT_QP_ACCESS_ERR`: the QP is in the error state, the
+/// HCA no longer executes its WRs, and its CQ may deliver no flush completion at all: the queue fails and
+/// releases at once, in post order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
+/// backlogged WR as never posted; completions that still arrive for them are swallowed (counted in
+/// `late_cqes`). Release callbacks run inside this call. `IBV_EVENT_COMM_EST`, `IBV_EVENT_SQ_DRAINED`,
+/// `IBV_EVENT_PATH_MIG`, `IBV_EVENT_QP_LAST_WQE_REACHED`: nothing to do.
+///
+/// Returns 0, or `-EINVAL` (NULL `q`, an event that is not a QP's).
+#[no_mangle]
+pub extern "C" fn sqd_queue_async_event(q: *mut Queue, r#type: u32) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
+        status(q.on_async_event(r#type))
     })
 }

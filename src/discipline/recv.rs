@@ -15,11 +15,13 @@ pub struct RecvState {
     pub posted: u64,
     pub cqes: u64,
     pub stray_cqes: u64,
+    pub late_cqes: u64,
+    abandoned: bool,
 }
 
 impl RecvState {
     pub fn new(depth: u32) -> RecvState {
-        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0 }
+        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0, late_cqes: 0, abandoned: false }
     }
     pub fn depth(&self) -> u32 {
         self.depth
@@ -46,6 +48,17 @@ impl RecvState {
         Some(self.ring.push(Slot { wr_id, opcode: WC_RECV, flags: Slot::SIGNALED, ..Slot::default() }))
     }
 
+    /// No CQE may ever come for the posted receives: complete them all with `IBV_WC_WR_FLUSH_ERR`; later CQEs
+    /// are swallowed.
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
+        self.ring.complete_all(super::opcode::WC_WR_FLUSH_ERR);
+    }
+
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned
+    }
+
     /// The provider refused the newest `n` receives.
     pub fn rollback(&mut self, n: u64) {
         self.ring.unpush(n);
@@ -57,7 +70,11 @@ impl RecvState {
     pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
         let seq = token.seq_from(self.ring.done());
         if seq != self.ring.done() || !self.ring.is_pending(seq) {
-            self.stray_cqes += 1;
+            if self.abandoned {
+                self.late_cqes += 1;
+            } else {
+                self.stray_cqes += 1;
+            }
             return None;
         }
         self.cqes += 1;

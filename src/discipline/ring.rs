@@ -134,6 +134,16 @@ impl SlotRing {
         self.done = seq + 1;
     }
 
+    /// Marks every pending slot complete with `status`: no CQE will come for them (their QP or CQ is in error).
+    pub fn complete_all(&mut self, status: u8) {
+        while self.done < self.head {
+            let s = self.get_mut(self.done);
+            s.status = status;
+            s.vendor_err = 0;
+            self.done += 1;
+        }
+    }
+
     /// Takes the oldest complete, unreleased slot.
     #[inline]
     pub fn pop_done(&mut self) -> Option<(u64, Slot)> {

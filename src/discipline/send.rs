@@ -64,6 +64,8 @@ pub enum CqeOutcome {
     Hidden,
     /// The token names no pending WR of this queue.
     Stray,
+    /// A CQE that arrived after the queue was abandoned (its WRs were already released): swallowed.
+    Late,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,6 +76,7 @@ pub struct SendCounters {
     pub markers: u64,
     pub cqes: u64,
     pub stray_cqes: u64,
+    pub late_cqes: u64,
     pub refused: u64,
     pub parked: u64,
     pub backlog_peak: u64,
@@ -89,6 +92,7 @@ pub struct SendState<T> {
     released: u64,
     failed: Option<u8>,
     draining: bool,
+    abandoned: bool,
     pub counters: SendCounters,
 }
 
@@ -112,6 +116,7 @@ impl<T: Parked> SendState<T> {
             released: 0,
             failed: None,
             draining: false,
+            abandoned: false,
             counters: SendCounters::default(),
         }
     }
@@ -299,6 +304,10 @@ impl<T: Parked> SendState<T> {
     pub fn on_cqe(&mut self, token: Token, status: u8, vendor_err: u32) -> CqeOutcome {
         let seq = token.seq_from(self.ring.done());
         if !self.ring.is_pending(seq) {
+            if self.abandoned {
+                self.counters.late_cqes += 1;
+                return CqeOutcome::Late;
+            }
             self.counters.stray_cqes += 1;
             return CqeOutcome::Stray;
         }
@@ -313,6 +322,19 @@ impl<T: Parked> SendState<T> {
         } else {
             CqeOutcome::Visible { wr_id: slot.wr_id }
         }
+    }
+
+    /// The QP or CQ is in error and no CQE may ever come (an async event said so): the queue fails, every posted
+    /// WR is complete with `IBV_WC_WR_FLUSH_ERR`, parked ones will be released as never posted, and CQEs that
+    /// still arrive are swallowed.
+    pub fn abandon(&mut self) {
+        self.failed.get_or_insert(WC_WR_FLUSH_ERR);
+        self.abandoned = true;
+        self.ring.complete_all(WC_WR_FLUSH_ERR);
+    }
+
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned
     }
 
     /// Stops taking WRs; parked ones will be released as never posted.

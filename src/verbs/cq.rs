@@ -7,11 +7,13 @@ use rdma_sys::{ibv_cq, ibv_wc};
 use crate::error::{Error, Result};
 
 type PollFn = unsafe extern "C" fn(*mut ibv_cq, i32, *mut ibv_wc) -> i32;
+type NotifyFn = unsafe extern "C" fn(*mut ibv_cq, i32) -> i32;
 
 #[derive(Debug)]
 pub struct CqHandle {
     cq: NonNull<ibv_cq>,
     poll: PollFn,
+    notify: Option<NotifyFn>,
     capacity: u32,
 }
 
@@ -30,10 +32,12 @@ impl CqHandle {
         }
         // SAFETY: a valid CQ's context is a valid `struct ibv_context` (the caller's promise).
         let poll = unsafe { (*ctx).ops.poll_cq }.ok_or_else(|| Error::invalid("the CQ's provider has no poll_cq op"))?;
+        // SAFETY: as above.
+        let notify = unsafe { (*ctx).ops.req_notify_cq };
         if cqe <= 0 {
             return Err(Error::invalid(format!("cq->cqe is {cqe}: a CQ must hold at least one CQE")));
         }
-        Ok(CqHandle { cq, poll, capacity: cqe as u32 })
+        Ok(CqHandle { cq, poll, notify, capacity: cqe as u32 })
     }
 
     /// The CQE capacity the provider granted (`cq->cqe` at attach time).
@@ -43,6 +47,19 @@ impl CqHandle {
 
     pub fn as_ptr(&self) -> *mut ibv_cq {
         self.cq.as_ptr()
+    }
+
+    /// Requests a completion event for the next (solicited) CQE, as `ibv_req_notify_cq` does.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let Some(notify) = self.notify else {
+            return Err(Error::new(libc::EOPNOTSUPP, "the CQ's provider has no req_notify_cq op"));
+        };
+        // SAFETY: the handle's contract keeps the CQ valid.
+        let ret = unsafe { notify(self.cq.as_ptr(), solicited_only as i32) };
+        if ret != 0 {
+            return Err(Error::new(ret.abs(), format!("the provider's req_notify_cq failed ({ret})")));
+        }
+        Ok(())
     }
 
     /// Polls up to `out.len()` CQEs into `out`.
