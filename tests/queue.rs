@@ -5,9 +5,8 @@ mod common;
 use common::*;
 use sqdisc::{SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED};
 
-#[test]
-fn credits_are_never_exceeded_and_the_backlog_keeps_order() {
-    let rig = Rig::new(config(8, 4, 32), 64);
+fn credits_are_never_exceeded_and_the_backlog_keeps_order(make: Make) {
+    let rig = Rig::on(make, config(8, 4, 32), 64);
     rig.post(&mut Chain::sends(0..20, 0)).unwrap();
     let st = rig.q().stats();
     assert_eq!((st.accepted, st.in_provider, st.backlog), (20, 8, 12));
@@ -34,9 +33,8 @@ fn credits_are_never_exceeded_and_the_backlog_keeps_order() {
     assert_eq!((st.parked, st.backlog_peak, st.backlog, st.released), (12, 12, 0, 20));
 }
 
-#[test]
-fn without_backlog_eagain_names_exactly_the_first_wr_not_taken() {
-    let rig = Rig::new(config(6, 2, 0), 64);
+fn without_backlog_eagain_names_exactly_the_first_wr_not_taken(make: Make) {
+    let rig = Rig::on(make, config(6, 2, 0), 64);
     let mut chain = Chain::sends(100..110, 0);
     let (errno, bad) = rig.post(&mut chain).unwrap_err();
     assert_eq!((errno, bad), (libc::EAGAIN, Some(6)));
@@ -58,9 +56,8 @@ fn without_backlog_eagain_names_exactly_the_first_wr_not_taken() {
     rig.assert_no_violations();
 }
 
-#[test]
-fn signaling_is_moderated_and_bounded() {
-    let rig = Rig::new(config(64, 8, 0), 128);
+fn signaling_is_moderated_and_bounded(make: Make) {
+    let rig = Rig::on(make, config(64, 8, 0), 128);
     for round in 0..40u64 {
         rig.post(&mut Chain::sends(round * 4..round * 4 + 4, 0)).unwrap();
         rig.complete(usize::MAX);
@@ -80,9 +77,8 @@ fn signaling_is_moderated_and_bounded() {
     assert_eq!(st.markers, 0, "a queue posting every poll cycle needs no marker");
 }
 
-#[test]
-fn a_lone_unsignaled_wr_is_released_without_further_posts() {
-    let rig = Rig::new(config(16, 4, 0), 64);
+fn a_lone_unsignaled_wr_is_released_without_further_posts(make: Make) {
+    let rig = Rig::on(make, config(16, 4, 0), 64);
     rig.post(&mut Chain::sends(7..8, 0)).unwrap();
     assert_eq!(rig.dev.wqe(rig.qp, 0).unwrap().send_flags & SIGNALED, 0, "moderated: posted unsignaled");
     rig.complete(usize::MAX);
@@ -98,9 +94,8 @@ fn a_lone_unsignaled_wr_is_released_without_further_posts() {
     assert_eq!((log[0].wr_id, log[0].status, log[0].flags & SQD_COMPLETION_IMPLIED), (7, WC_SUCCESS, SQD_COMPLETION_IMPLIED));
 }
 
-#[test]
-fn poll_shows_what_raw_verbs_would_and_releases_are_ordered_with_implied_flags() {
-    let rig = Rig::new(config(16, 4, 0), 64);
+fn poll_shows_what_raw_verbs_would_and_releases_are_ordered_with_implied_flags(make: Make) {
+    let rig = Rig::on(make, config(16, 4, 0), 64);
     // 0,1 unsignaled, 2 asked signaled by the ULP, 3..=6 moderated (6 signaled by the interval).
     let mut c = Chain::sends(0..2, 0).push(2, WR_SEND, SIGNALED, &[8]);
     for id in 3..7 {
@@ -117,9 +112,12 @@ fn poll_shows_what_raw_verbs_would_and_releases_are_ordered_with_implied_flags()
     assert!(log.iter().all(|c| c.status == WC_SUCCESS && c.opcode == WC_SEND));
 }
 
+/// Scripted device only: its `fail` picks the next WQE not yet executed, while the model's picks the next one
+/// not yet transmitted (WRs 5..16 are on the wire already); the model's error paths are in tests/sim_*.rs.
 #[test]
 fn an_error_in_the_middle_fails_the_queue_and_flushes_in_order() {
-    let rig = Rig::new(config(16, 4, 8), 64);
+    let make: Make = scripted;
+    let rig = Rig::on(make, config(16, 4, 8), 64);
     rig.post(&mut Chain::sends(0..16, 0)).unwrap();
     rig.post(&mut Chain::sends(16..20, 0)).unwrap(); // parked: no credit
     assert_eq!(rig.q().stats().backlog, 4);
@@ -144,9 +142,8 @@ fn an_error_in_the_middle_fails_the_queue_and_flushes_in_order() {
     rig.assert_no_violations();
 }
 
-#[test]
-fn backlog_wrs_of_a_failed_queue_are_released_as_never_posted_after_the_posted_ones() {
-    let rig = Rig::new(config(8, 4, 8), 64);
+fn backlog_wrs_of_a_failed_queue_are_released_as_never_posted_after_the_posted_ones(make: Make) {
+    let rig = Rig::on(make, config(8, 4, 8), 64);
     rig.post(&mut Chain::sends(0..13, 0)).unwrap(); // 8 posted, 5 parked
     rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 1).unwrap(); // 0 fails, 1..8 flush
     let shown = rig.poll_all();
@@ -158,12 +155,11 @@ fn backlog_wrs_of_a_failed_queue_are_released_as_never_posted_after_the_posted_o
     assert_eq!(rig.dev.qp_stats(rig.qp).unwrap().wqes_posted, 8, "the parked WRs never reached the provider");
 }
 
-#[test]
-fn a_release_callback_may_post_on_its_own_queue() {
+fn a_release_callback_may_post_on_its_own_queue(make: Make) {
     use std::cell::RefCell;
     use std::rc::Rc;
     // Each release of WR n posts WR n + 1 from inside the callback, until 50.
-    let dev = sqdisc::scripted::ScriptedDevice::new();
+    let dev = make();
     let cq_raw = dev.create_cq(64).unwrap();
     let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
@@ -197,9 +193,8 @@ fn a_release_callback_may_post_on_its_own_queue() {
     slot.borrow_mut().take();
 }
 
-#[test]
-fn cq_budget_refuses_a_queue_that_does_not_fit() {
-    let rig = Rig::new(config(16, 4, 0), 40); // reserves 17 of 40
+fn cq_budget_refuses_a_queue_that_does_not_fit(make: Make) {
+    let rig = Rig::on(make, config(16, 4, 0), 40); // reserves 17 of 40
     let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(32, 1)).unwrap();
     let qh = unsafe { sqdisc::verbs::QpHandle::from_raw(qp2) }.unwrap();
     let err = sqdisc::Queue::new(&rig.cq, None, qh, config(32, 0, 0), None).err().expect("ENOSPC");
@@ -212,9 +207,8 @@ fn cq_budget_refuses_a_queue_that_does_not_fit() {
     assert_eq!(rig.cq.stats().reserved, 17);
 }
 
-#[test]
-fn drain_releases_everything_and_free_waits_for_it() {
-    let rig = Rig::new(config(8, 4, 8), 64);
+fn drain_releases_everything_and_free_waits_for_it(make: Make) {
+    let rig = Rig::on(make, config(8, 4, 8), 64);
     rig.post(&mut Chain::sends(0..11, 0)).unwrap(); // 8 posted, 3 parked
     assert_eq!(rig.q().check_free().unwrap_err().errno(), libc::EBUSY);
     rig.dev.set_error(rig.qp).unwrap(); // the ULP moves the QP to error
@@ -229,9 +223,8 @@ fn drain_releases_everything_and_free_waits_for_it() {
     rig.q().check_free().unwrap();
 }
 
-#[test]
-fn drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once() {
-    let rig = Rig::new(config(16, 8, 0), 64);
+fn drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once(make: Make) {
+    let rig = Rig::on(make, config(16, 8, 0), 64);
     rig.post(&mut Chain::sends(0..3, 0)).unwrap();
     assert_eq!(rig.q().drain().unwrap_err().errno(), libc::EINPROGRESS);
     assert_eq!(rig.q().stats().markers, 1);
@@ -241,11 +234,10 @@ fn drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once() {
     assert_eq!(rig.released_ids(), vec![0, 1, 2]);
 }
 
-#[test]
-fn deferred_actions_run_after_every_earlier_wr_and_before_later_ones() {
+fn deferred_actions_run_after_every_earlier_wr_and_before_later_ones(make: Make) {
     use std::cell::RefCell;
     use std::rc::Rc;
-    let rig = Rig::new(config(16, 4, 0), 64);
+    let rig = Rig::on(make, config(16, 4, 0), 64);
     let order: Rc<RefCell<Vec<String>>> = Rc::default();
     let o = order.clone();
     rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || o.borrow_mut().push("idle".into()))));
@@ -266,11 +258,10 @@ fn deferred_actions_run_after_every_earlier_wr_and_before_later_ones() {
     assert_eq!(rig.q().stats().deferred, 0);
 }
 
-#[test]
-fn receives_are_mapped_released_and_flushed() {
+fn receives_are_mapped_released_and_flushed(make: Make) {
     let mut cfg = config(8, 4, 0);
     cfg.rq_depth = 4;
-    let rig = Rig::new(cfg, 64);
+    let rig = Rig::on(make, cfg, 64);
     rig.post_recvs(0..4).unwrap();
     assert_eq!(rig.post_recvs(4..5).unwrap_err(), libc::EAGAIN);
     rig.post(&mut Chain::sends(100..101, SIGNALED)).unwrap();
@@ -287,9 +278,8 @@ fn receives_are_mapped_released_and_flushed() {
     rig.q().check_free().unwrap();
 }
 
-#[test]
-fn the_wr_that_takes_the_last_slot_is_signaled() {
-    let rig = Rig::new(config(4, 4, 0), 16);
+fn the_wr_that_takes_the_last_slot_is_signaled(make: Make) {
+    let rig = Rig::on(make, config(4, 4, 0), 16);
     rig.post(&mut Chain::sends(0..1, 0).push(1, WR_SEND, SIGNALED, &[8]).push(2, WR_SEND, 0, &[8]).push(3, WR_SEND, 0, &[8]))
         .unwrap();
     let flags: Vec<bool> = (0..4).map(|i| rig.dev.wqe(rig.qp, i).unwrap().send_flags & SIGNALED != 0).collect();
@@ -300,9 +290,8 @@ fn the_wr_that_takes_the_last_slot_is_signaled() {
     assert_eq!(rig.released_ids(), vec![0, 1, 2, 3]);
 }
 
-#[test]
-fn a_long_chain_is_posted_in_few_doorbells_and_restored() {
-    let rig = Rig::new(config(256, 0, 0), 512);
+fn a_long_chain_is_posted_in_few_doorbells_and_restored(make: Make) {
+    let rig = Rig::on(make, config(256, 0, 0), 512);
     let mut chain = Chain::sends(0..150, 0);
     rig.post(&mut chain).unwrap();
     let st = rig.q().stats();
@@ -312,9 +301,8 @@ fn a_long_chain_is_posted_in_few_doorbells_and_restored() {
     assert_eq!(st.signal_interval, 64, "default: a quarter of sq_depth");
 }
 
-#[test]
-fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted() {
-    let rig = Rig::new(config(8, 2, 0), 64);
+fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted(make: Make) {
+    let rig = Rig::on(make, config(8, 2, 0), 64);
     // A QP on the same CQ that the library does not manage.
     let raw = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let mut c = Chain::sends(0xabc..0xabd, SIGNALED);
@@ -335,3 +323,21 @@ fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted() {
     assert_eq!(rig.cq.stats().stray, 1);
     assert!(rig.log.borrow().is_empty());
 }
+
+on_both_devices!(
+    credits_are_never_exceeded_and_the_backlog_keeps_order,
+    without_backlog_eagain_names_exactly_the_first_wr_not_taken,
+    signaling_is_moderated_and_bounded,
+    a_lone_unsignaled_wr_is_released_without_further_posts,
+    poll_shows_what_raw_verbs_would_and_releases_are_ordered_with_implied_flags,
+    backlog_wrs_of_a_failed_queue_are_released_as_never_posted_after_the_posted_ones,
+    a_release_callback_may_post_on_its_own_queue,
+    cq_budget_refuses_a_queue_that_does_not_fit,
+    drain_releases_everything_and_free_waits_for_it,
+    drain_of_a_healthy_queue_covers_the_unsignaled_tail_at_once,
+    deferred_actions_run_after_every_earlier_wr_and_before_later_ones,
+    receives_are_mapped_released_and_flushed,
+    the_wr_that_takes_the_last_slot_is_signaled,
+    a_long_chain_is_posted_in_few_doorbells_and_restored,
+    completions_of_unmanaged_qps_pass_through_and_strays_are_counted,
+);

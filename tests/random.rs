@@ -22,12 +22,12 @@ impl Rng {
     }
 }
 
-fn run(seed: u64) {
+fn run(make: Make, seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let depth = 2 + rng.below(30) as u32;
     let interval = 1 + rng.below(depth as u64) as u32;
     let backlog = if rng.below(3) == 0 { 0 } else { rng.below(40) as u32 };
-    let rig = Rig::new(config(depth, interval, backlog), depth as i32 + 1);
+    let rig = Rig::on(make, config(depth, interval, backlog), depth as i32 + 1);
     let mut next_id = 0u64;
     let mut accepted: Vec<u64> = Vec::new();
     let mut ulp_signaled = BTreeSet::new();
@@ -101,8 +101,15 @@ fn run(seed: u64) {
 }
 
 #[test]
-fn random_workloads_keep_every_rule() {
+fn random_workloads_keep_every_rule_on_the_scripted_device() {
     for seed in 1..=400 {
-        run(seed);
+        run(scripted, seed);
+    }
+}
+
+#[test]
+fn random_workloads_keep_every_rule_on_the_software_hca() {
+    for seed in 1..=200 {
+        run(sim, seed);
     }
 }

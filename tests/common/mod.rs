@@ -7,7 +7,8 @@ use std::ptr;
 use std::rc::Rc;
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
-use sqdisc::scripted::{ScriptedDevice, ScriptedQpCaps};
+use sqdisc::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
+use sqdisc::sim::{SimConfig, SimDevice};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler};
 
@@ -64,6 +65,33 @@ impl Chain {
     }
 }
 
+/// A device the rig can run on: the scripted test device, or the software HCA (its scripted QPs).
+pub type Device = Pin<Box<dyn Scriptable>>;
+pub type Make = fn() -> Device;
+
+pub fn scripted() -> Device {
+    ScriptedDevice::new()
+}
+
+/// The software HCA with wire delays, so completions really arrive asynchronously.
+pub fn sim() -> Device {
+    let cfg = SimConfig { seed: 7, wire_delay_min: 1, wire_delay_max: 3, ..SimConfig::default() };
+    SimDevice::new(&cfg).expect("sim config")
+}
+
+/// Defines `#[test]`s running a scenario `fn name(make: Make)` on both devices.
+#[macro_export]
+macro_rules! on_both_devices {
+    ($($name:ident),* $(,)?) => {
+        mod on_scripted {
+            $(#[test] fn $name() { super::$name($crate::common::scripted) })*
+        }
+        mod on_sim {
+            $(#[test] fn $name() { super::$name($crate::common::sim) })*
+        }
+    };
+}
+
 /// Fields drop in order: the library's handles before the device that owns the verbs objects.
 pub struct Rig {
     pub queue: Option<Queue>,
@@ -71,7 +99,7 @@ pub struct Rig {
     pub log: Log,
     pub cq_raw: *mut ibv_cq,
     pub qp: *mut ibv_qp,
-    pub dev: Pin<Box<ScriptedDevice>>,
+    pub dev: Device,
 }
 
 pub fn config(sq_depth: u32, signal_interval: u32, backlog_depth: u32) -> QueueConfig {
@@ -86,7 +114,12 @@ pub fn logger(log: &Log) -> ReleaseHandler {
 impl Rig {
     /// A queue of `cfg` on a fresh device whose CQ holds `cqe` (and whose QP has `cfg.sq_depth` slots).
     pub fn new(cfg: QueueConfig, cqe: i32) -> Rig {
-        let dev = ScriptedDevice::new();
+        Rig::on(scripted, cfg, cqe)
+    }
+
+    /// The same on the device `make` builds.
+    pub fn on(make: Make, cfg: QueueConfig, cqe: i32) -> Rig {
+        let dev = make();
         let cq_raw = dev.create_cq(cqe).unwrap();
         let caps = ScriptedQpCaps {
             max_send_wr: cfg.sq_depth,
