@@ -20,7 +20,7 @@ fn done_log() -> (Rc<RefCell<Vec<Completion>>>, ReleaseHandler) {
     (log, ReleaseHandler::Closure(Box::new(move |c: &Completion| l.borrow_mut().push(*c))))
 }
 
-fn local_invs(rig: &Rig) -> Vec<(u32, u32)> {
+fn local_invs<D: ?Sized + sqdisc::scripted::Scriptable>(rig: &Rig<D>) -> Vec<(u32, u32)> {
     let n = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
     (0..n)
         .map(|i| rig.dev.wqe(rig.qp, i).unwrap())

@@ -92,14 +92,16 @@ macro_rules! on_both_devices {
     };
 }
 
-/// Fields drop in order: the library's handles before the device that owns the verbs objects.
-pub struct Rig {
+/// Fields drop in order: the library's handles before the device that owns the verbs objects. `D` is the
+/// device type: `ScriptedDevice` from [`Rig::new`] (its own methods are then at hand), any device from
+/// [`Rig::on`].
+pub struct Rig<D: ?Sized + Scriptable = dyn Scriptable> {
     pub queue: Option<Queue>,
     pub cq: Cq,
     pub log: Log,
     pub cq_raw: *mut ibv_cq,
     pub qp: *mut ibv_qp,
-    pub dev: Device,
+    pub dev: Pin<Box<D>>,
 }
 
 pub fn config(sq_depth: u32, signal_interval: u32, backlog_depth: u32) -> QueueConfig {
@@ -111,15 +113,22 @@ pub fn logger(log: &Log) -> ReleaseHandler {
     ReleaseHandler::Closure(Box::new(move |c: &Completion| log.borrow_mut().push(*c)))
 }
 
-impl Rig {
-    /// A queue of `cfg` on a fresh device whose CQ holds `cqe` (and whose QP has `cfg.sq_depth` slots).
-    pub fn new(cfg: QueueConfig, cqe: i32) -> Rig {
-        Rig::on(scripted, cfg, cqe)
+impl Rig<ScriptedDevice> {
+    /// A queue of `cfg` on a fresh scripted device whose CQ holds `cqe` (and whose QP has `cfg.sq_depth` slots).
+    pub fn new(cfg: QueueConfig, cqe: i32) -> Rig<ScriptedDevice> {
+        Rig::build(ScriptedDevice::new(), cfg, cqe)
     }
+}
 
+impl Rig {
     /// The same on the device `make` builds.
     pub fn on(make: Make, cfg: QueueConfig, cqe: i32) -> Rig {
-        let dev = make();
+        Rig::build(make(), cfg, cqe)
+    }
+}
+
+impl<D: ?Sized + Scriptable> Rig<D> {
+    fn build(dev: Pin<Box<D>>, cfg: QueueConfig, cqe: i32) -> Rig<D> {
         let cq_raw = dev.create_cq(cqe).unwrap();
         let caps = ScriptedQpCaps {
             max_send_wr: cfg.sq_depth,
