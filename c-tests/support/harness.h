@@ -12,12 +12,6 @@
 #define SQDISC_C_TESTS_HARNESS_H
 
 #include <infiniband/verbs.h>
-
-/* The generated <sqdisc.h> declares sqd_defer_dealloc_mw(struct sqd_queue *, ibv_mw *) without `struct`
- * (cbindgen.toml has no rename for ibv_mw), which is not C. Until the header says `struct ibv_mw *`, this
- * typedef lets the tests compile; it is harmless afterwards. */
-typedef struct ibv_mw ibv_mw;
-
 #include <sqdisc.h>
 #include <sqdisc_scripted.h>
 
