@@ -465,8 +465,8 @@ const char *sqd_version(void);
  * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
  * a time, the one that uses the queue's CQs.
  *
- * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, nonzero
- * `flags`, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
+ * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
+ * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
  * already managed on that CQ), `-ENOSPC` (CQ budget).
  */
 int32_t sqd_queue_new(struct sqd_cq *send_cq,
