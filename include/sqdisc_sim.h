@@ -293,6 +293,19 @@ struct sqd_sim_stats {
      * Bytes written into registered memory.
      */
     uint64_t bytes_written;
+    /**
+     * QP visits made by steps: a step visits only the QPs with work (a send WQE not completed, an ACK due), so
+     * this grows with the work done, not with the number of QPs.
+     */
+    uint64_t qp_ticks;
+    /**
+     * Asynchronous events raised.
+     */
+    uint64_t async_events;
+    /**
+     * Completion events queued on completion channels.
+     */
+    uint64_t comp_events;
 };
 
 /**
@@ -390,20 +403,24 @@ int sqd_sim_dereg_mr(struct ibv_mr *mr);
 int sqd_sim_create_cq(const struct sqd_sim *sim, int cqe, struct ibv_cq **out);
 
 /**
- * Destroys a CQ made by `sqd_sim_create_cq`. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ;
- * `-EBUSY` while a QP uses it. On success `cq` dangles.
+ * Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
+ * its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
+ * it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'
+ * `ibv_destroy_cq` would wait for them). On success `cq` dangles.
  */
 int sqd_sim_destroy_cq(struct ibv_cq *cq);
 
 /**
- * Creates an RC QP from `attr`, as `ibv_create_qp` does: `qp_type` must be `IBV_QPT_RC`, `srq` NULL,
- * `send_cq`/`recv_cq` CQs of this sim. Caps are honoured, clamped to the device limits (WRs 1..=32768, SGEs
- * 1..=32, inline 0..=1024), and the granted caps are written back to `attr->cap`. `sq_sig_all` makes every
- * send WR signaled.
+ * Creates an RC QP from `attr`, as `ibv_create_qp` does: `qp_type` must be `IBV_QPT_RC`, `send_cq`/`recv_cq`
+ * CQs of this sim, `srq` NULL or an SRQ of this sim (`sqd_sim_create_srq`): the QP then takes its receives
+ * from the SRQ, oldest first, and has no receive queue of its own (`ibv_post_recv` on it fails with `EINVAL`;
+ * `attr->cap.max_recv_wr`/`max_recv_sge` are written back as 0). Caps are honoured, clamped to the device
+ * limits (WRs 1..=32768, SGEs 1..=32, inline 0..=1024), and the granted caps are written back to `attr->cap`.
+ * `sq_sig_all` makes every send WR signaled.
  *
  * The QP starts in INIT (receives may be posted; sends fail with `EINVAL` until `sqd_sim_connect`); in null
  * mode it starts in RTS. On success stores the QP in `*out`; the sim owns it.
- * Errors: `-EINVAL` for a NULL argument, a QP type other than RC, an SRQ, or CQs not of this sim.
+ * Errors: `-EINVAL` for a NULL argument, a QP type other than RC, or CQs or an SRQ not of this sim.
  */
 int sqd_sim_create_qp(const struct sqd_sim *sim, struct ibv_qp_init_attr *attr, struct ibv_qp **out);
 
@@ -493,6 +510,123 @@ int sqd_sim_violation(const struct sqd_sim *sim, size_t index, struct sqd_sim_vi
  * `"MR invalidated while in use"`, ...), or `"unknown"`: a static NUL-terminated string, never NULL.
  */
 const char *sqd_sim_violation_kind_str(uint32_t kind);
+
+/**
+ * Creates a CQ as `ibv_create_cq` does: `cqe` CQEs (1..=4194304, `cq->cqe == cqe`), on completion channel
+ * `channel` (NULL: none; else made by `sqd_sim_create_comp_channel` on this sim: its `refcnt` counts the CQ),
+ * with `cq_context` (stored in `cq->cq_context`, returned by `sqd_sim_get_cq_event`) and `comp_vector` (the sim
+ * has one: 0). `ibv_req_notify_cq(cq, solicited_only)` then arms it: the next CQE added (any, or with
+ * `solicited_only` a receive of a message sent with `IBV_SEND_SOLICITED` or an unsuccessful one) disarms it and
+ * queues one completion event on the channel. CQEs already in the CQ when it is armed do not fire it: arm,
+ * then poll once more before sleeping.
+ *
+ * On success stores the CQ in `*out` and returns 0; the sim owns it. Errors: `-EINVAL` for a NULL `sim`/`out`,
+ * `cqe` out of range, a channel not of this sim, `comp_vector` other than 0.
+ */
+int sqd_sim_create_cq_ex(const struct sqd_sim *sim,
+                         int cqe,
+                         struct ibv_comp_channel *channel,
+                         void *cq_context,
+                         int comp_vector,
+                         struct ibv_cq **out);
+
+/**
+ * Creates a completion channel, as `ibv_create_comp_channel` does: a real `struct ibv_comp_channel` (`context`,
+ * `fd`, `refcnt`) whose `fd` is a nonblocking eventfd, readable exactly while completion events are queued on
+ * the channel: wait on it with poll/epoll/select, then take the events with `sqd_sim_get_cq_event`. Never
+ * `read(2)` the fd, and do not call libibverbs' `ibv_get_cq_event`/`ibv_ack_cq_events` on it (they need a
+ * kernel device): use `sqd_sim_get_cq_event`/`sqd_sim_ack_cq_events`.
+ *
+ * On success stores the channel in `*out` and returns 0; the sim owns it (freed by `sqd_sim_free` if not
+ * destroyed). Errors: `-EINVAL` for a NULL argument; `-EMFILE`/`-ENFILE` when no fd is left.
+ */
+int sqd_sim_create_comp_channel(const struct sqd_sim *sim,
+                                struct ibv_comp_channel **out);
+
+/**
+ * Destroys a completion channel made by `sqd_sim_create_comp_channel`; its fd is closed and `channel` dangles.
+ * Errors: `-EINVAL` for NULL or a channel not of a sim; `-EBUSY` while a CQ uses it (as
+ * `ibv_destroy_comp_channel`).
+ */
+int sqd_sim_destroy_comp_channel(struct ibv_comp_channel *channel);
+
+/**
+ * Takes the oldest completion event queued on `channel`, without blocking (the non-blocking form of
+ * `ibv_get_cq_event`): stores the CQ it is for in `*cq` and that CQ's `cq_context` in `*cq_context`, returns 0.
+ * Every event taken must be acknowledged with `sqd_sim_ack_cq_events` before the CQ is destroyed.
+ * Errors: `-EAGAIN` when none is queued (the channel's fd is then not readable: sleep on it); `-EINVAL` for a
+ * NULL argument or a channel not of a sim.
+ *
+ * Time: the sim advances only inside `ibv_poll_cq` (`steps_per_poll`), `sqd_sim_step` and
+ * `sqd_sim_run_until_idle`. A ULP that sleeps on the fd needs something else to advance time while it sleeps:
+ * typically a driver thread calling `sqd_sim_step(sim, 1)` in a loop (the sim is thread-safe).
+ */
+int sqd_sim_get_cq_event(struct ibv_comp_channel *channel,
+                         struct ibv_cq **cq,
+                         void **cq_context);
+
+/**
+ * Acknowledges `nevents` completion events taken for `cq` with `sqd_sim_get_cq_event` (as `ibv_ack_cq_events`;
+ * `cq->comp_events_completed` counts them). `sqd_sim_destroy_cq` fails with `-EBUSY` while some are
+ * unacknowledged. Errors: `-EINVAL` for a CQ not of a sim, or more events than are unacknowledged.
+ */
+int sqd_sim_ack_cq_events(struct ibv_cq *cq,
+                          uint32_t nevents);
+
+/**
+ * Takes the oldest asynchronous event of the sim, without blocking (the sim's `ibv_get_async_event`; the
+ * libibverbs function reads a kernel fd and cannot be used): fills `out->element` (`cq`, `qp` or `srq`, per
+ * the type) and `out->event_type`, returns 0. The sim raises: `IBV_EVENT_CQ_ERR` (a CQ overran; it takes no
+ * more CQEs), `IBV_EVENT_QP_FATAL` (a QP went to error with no CQE of its own to say so: an injected fatal
+ * error, or its CQ overran), `IBV_EVENT_QP_LAST_WQE_REACHED` (a QP on an SRQ went to error and completed its
+ * last receive), `IBV_EVENT_SRQ_LIMIT_REACHED` (an armed SRQ limit was crossed), `IBV_EVENT_SRQ_ERR` (an SRQ
+ * failed). Events need no acknowledgement; events naming an object are discarded when it is destroyed.
+ * Errors: `-EAGAIN` when none is pending; `-EINVAL` for a NULL argument.
+ */
+int sqd_sim_get_async_event(const struct sqd_sim *sim, struct ibv_async_event *out);
+
+/**
+ * A file descriptor (nonblocking eventfd, owned by the sim) that is readable exactly while asynchronous events
+ * are pending, for poll/epoll/select; take the events with `sqd_sim_get_async_event`, never `read(2)` it.
+ * Errors: `-EINVAL` if `sim` is NULL.
+ */
+int sqd_sim_async_fd(const struct sqd_sim *sim);
+
+/**
+ * Creates a shared receive queue, as `ibv_create_srq` does: a real `struct ibv_srq` (`context`, `pd`,
+ * `srq_context` from `attr`). `attr->attr.max_wr` (1..=32768) and `attr->attr.max_sge` (1..=32) are clamped and
+ * written back; `attr->attr.srq_limit` is ignored (arm it with `sqd_sim_modify_srq_limit`). Post receives with
+ * libibverbs' `ibv_post_srq_recv` (the context's `post_srq_recv` op): a chain is taken in order up to the first
+ * WR refused (`ENOMEM` when `max_wr` receives are held — a receive's slot is freed when its CQE is polled —,
+ * `EINVAL` for a bad SGE count or an SRQ in error), `*bad_wr` at it.
+ *
+ * On success stores the SRQ in `*out` and returns 0; the sim owns it. Errors: `-EINVAL` for a NULL argument.
+ */
+int sqd_sim_create_srq(const struct sqd_sim *sim,
+                       struct ibv_srq_init_attr *attr,
+                       struct ibv_srq **out);
+
+/**
+ * Destroys an SRQ; receives still posted on it never complete, and `srq` dangles.
+ * Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it.
+ */
+int sqd_sim_destroy_srq(struct ibv_srq *srq);
+
+/**
+ * Sets the SRQ's limit, as `ibv_modify_srq` with `IBV_SRQ_LIMIT`: a nonzero `limit` arms it — when a QP takes
+ * a receive and fewer than `limit` receives remain posted, the sim raises one `IBV_EVENT_SRQ_LIMIT_REACHED`
+ * and disarms it (`ibv_modify_srq(3)`, `ibv_query_srq(3)`: 0 means not armed); 0 disarms.
+ * Errors: `-EINVAL` for NULL, an SRQ not of a sim, or `limit` above the SRQ's `max_wr`.
+ */
+int sqd_sim_modify_srq_limit(struct ibv_srq *srq,
+                             uint32_t limit);
+
+/**
+ * Fault: the SRQ fails (a catastrophic SRQ error). The sim raises `IBV_EVENT_SRQ_ERR`; the SRQ hands out no
+ * more receives and refuses posts; every QP on it goes to error (its send WQEs flush) and gets
+ * `IBV_EVENT_QP_LAST_WQE_REACHED`. Errors: `-EINVAL` for NULL or an SRQ not of a sim.
+ */
+int sqd_sim_srq_set_error(struct ibv_srq *srq);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,7 +1,9 @@
 //! C API: the software HCA (`sqd_sim_*`), thin wrappers over [`crate::sim`].
 //!
-//! Threading for every function here: a sim and all its objects (MRs, CQs, QPs, and the data-path verbs called
-//! on them through its context) are used by one thread at a time.
+//! Threading for every function here: any thread may call any function on a sim and its objects (MRs, CQs, QPs,
+//! SRQs, channels, and the data-path verbs called on them through its context) at any time: every call holds
+//! the sim's device lock for its duration, so calls are serialised per sim, never interleaved. Exception:
+//! `sqd_sim_free`, and each `sqd_sim_destroy_*`, must not race other calls on the objects they free.
 //!
 //! Ownership: the sim owns every object it makes; `sqd_sim_free` frees them all. Free the library's own
 //! objects (`sqd_queue`, `sqd_cq`) that use a sim's QPs and CQs before freeing the sim.
@@ -9,10 +11,13 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::pin::Pin;
 
-use rdma_sys::{ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr};
+use rdma_sys::{
+    ibv_async_event, ibv_async_event_element_t, ibv_comp_channel, ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_srq,
+    ibv_srq_init_attr,
+};
 
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::sim::{violation_kind_str, SimConfig, SimConnAttr, SimDevice, SimFault, SimStats};
+use crate::sim::{violation_kind_str, AsyncElement, SimConfig, SimConnAttr, SimDevice, SimFault, SimStats};
 use crate::Error;
 
 /// `wqe_index` of a violation that concerns no particular send WQE.
@@ -176,8 +181,10 @@ pub extern "C" fn sqd_sim_create_cq(sim: *const SimDevice, cqe: c_int, out: *mut
     })
 }
 
-/// Destroys a CQ made by `sqd_sim_create_cq`. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ;
-/// `-EBUSY` while a QP uses it. On success `cq` dangles.
+/// Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
+/// its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
+/// it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'
+/// `ibv_destroy_cq` would wait for them). On success `cq` dangles.
 #[no_mangle]
 pub extern "C" fn sqd_sim_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi_boundary!({
@@ -189,14 +196,16 @@ pub extern "C" fn sqd_sim_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// Creates an RC QP from `attr`, as `ibv_create_qp` does: `qp_type` must be `IBV_QPT_RC`, `srq` NULL,
-/// `send_cq`/`recv_cq` CQs of this sim. Caps are honoured, clamped to the device limits (WRs 1..=32768, SGEs
-/// 1..=32, inline 0..=1024), and the granted caps are written back to `attr->cap`. `sq_sig_all` makes every
-/// send WR signaled.
+/// Creates an RC QP from `attr`, as `ibv_create_qp` does: `qp_type` must be `IBV_QPT_RC`, `send_cq`/`recv_cq`
+/// CQs of this sim, `srq` NULL or an SRQ of this sim (`sqd_sim_create_srq`): the QP then takes its receives
+/// from the SRQ, oldest first, and has no receive queue of its own (`ibv_post_recv` on it fails with `EINVAL`;
+/// `attr->cap.max_recv_wr`/`max_recv_sge` are written back as 0). Caps are honoured, clamped to the device
+/// limits (WRs 1..=32768, SGEs 1..=32, inline 0..=1024), and the granted caps are written back to `attr->cap`.
+/// `sq_sig_all` makes every send WR signaled.
 ///
 /// The QP starts in INIT (receives may be posted; sends fail with `EINVAL` until `sqd_sim_connect`); in null
 /// mode it starts in RTS. On success stores the QP in `*out`; the sim owns it.
-/// Errors: `-EINVAL` for a NULL argument, a QP type other than RC, an SRQ, or CQs not of this sim.
+/// Errors: `-EINVAL` for a NULL argument, a QP type other than RC, or CQs or an SRQ not of this sim.
 #[no_mangle]
 pub extern "C" fn sqd_sim_create_qp(sim: *const SimDevice, attr: *mut ibv_qp_init_attr, out: *mut *mut ibv_qp) -> c_int {
     ffi_boundary!({
@@ -390,4 +399,237 @@ pub extern "C" fn sqd_sim_violation_kind_str(kind: u32) -> *const c_char {
         _ => "unknown\0",
     };
     s.as_ptr().cast()
+}
+
+/// Creates a CQ as `ibv_create_cq` does: `cqe` CQEs (1..=4194304, `cq->cqe == cqe`), on completion channel
+/// `channel` (NULL: none; else made by `sqd_sim_create_comp_channel` on this sim: its `refcnt` counts the CQ),
+/// with `cq_context` (stored in `cq->cq_context`, returned by `sqd_sim_get_cq_event`) and `comp_vector` (the sim
+/// has one: 0). `ibv_req_notify_cq(cq, solicited_only)` then arms it: the next CQE added (any, or with
+/// `solicited_only` a receive of a message sent with `IBV_SEND_SOLICITED` or an unsuccessful one) disarms it and
+/// queues one completion event on the channel. CQEs already in the CQ when it is armed do not fire it: arm,
+/// then poll once more before sleeping.
+///
+/// On success stores the CQ in `*out` and returns 0; the sim owns it. Errors: `-EINVAL` for a NULL `sim`/`out`,
+/// `cqe` out of range, a channel not of this sim, `comp_vector` other than 0.
+#[no_mangle]
+pub extern "C" fn sqd_sim_create_cq_ex(
+    sim: *const SimDevice,
+    cqe: c_int,
+    channel: *mut ibv_comp_channel,
+    cq_context: *mut c_void,
+    comp_vector: c_int,
+    out: *mut *mut ibv_cq,
+) -> c_int {
+    ffi_boundary!({
+        let sim = try_ref!(sim, "sim");
+        let out = try_mut!(out, "out");
+        match sim.create_cq_ex(cqe, channel, cq_context, comp_vector) {
+            Ok(cq) => {
+                *out = cq;
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Creates a completion channel, as `ibv_create_comp_channel` does: a real `struct ibv_comp_channel` (`context`,
+/// `fd`, `refcnt`) whose `fd` is a nonblocking eventfd, readable exactly while completion events are queued on
+/// the channel: wait on it with poll/epoll/select, then take the events with `sqd_sim_get_cq_event`. Never
+/// `read(2)` the fd, and do not call libibverbs' `ibv_get_cq_event`/`ibv_ack_cq_events` on it (they need a
+/// kernel device): use `sqd_sim_get_cq_event`/`sqd_sim_ack_cq_events`.
+///
+/// On success stores the channel in `*out` and returns 0; the sim owns it (freed by `sqd_sim_free` if not
+/// destroyed). Errors: `-EINVAL` for a NULL argument; `-EMFILE`/`-ENFILE` when no fd is left.
+#[no_mangle]
+pub extern "C" fn sqd_sim_create_comp_channel(sim: *const SimDevice, out: *mut *mut ibv_comp_channel) -> c_int {
+    ffi_boundary!({
+        let sim = try_ref!(sim, "sim");
+        let out = try_mut!(out, "out");
+        match sim.create_comp_channel() {
+            Ok(ch) => {
+                *out = ch;
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+fn channel_device<'a>(channel: *mut ibv_comp_channel) -> crate::Result<&'a SimDevice> {
+    if channel.is_null() {
+        return Err(Error::invalid("channel is NULL"));
+    }
+    // SAFETY: every function taking a channel documents that it must be NULL or a live channel made by
+    // `sqd_sim_create_comp_channel`, whose sim is alive for the duration of the call.
+    let sim = unsafe { SimDevice::from_context((*channel).context) }.ok_or_else(|| Error::invalid("channel does not belong to a sim"))?;
+    if !sim.owns_comp_channel(channel) {
+        return Err(Error::invalid(format!("channel {channel:p} is not a live channel of its sim")));
+    }
+    Ok(sim)
+}
+
+/// Destroys a completion channel made by `sqd_sim_create_comp_channel`; its fd is closed and `channel` dangles.
+/// Errors: `-EINVAL` for NULL or a channel not of a sim; `-EBUSY` while a CQ uses it (as
+/// `ibv_destroy_comp_channel`).
+#[no_mangle]
+pub extern "C" fn sqd_sim_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    ffi_boundary!({
+        match channel_device(channel) {
+            Ok(sim) => status(sim.destroy_comp_channel(channel)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Takes the oldest completion event queued on `channel`, without blocking (the non-blocking form of
+/// `ibv_get_cq_event`): stores the CQ it is for in `*cq` and that CQ's `cq_context` in `*cq_context`, returns 0.
+/// Every event taken must be acknowledged with `sqd_sim_ack_cq_events` before the CQ is destroyed.
+/// Errors: `-EAGAIN` when none is queued (the channel's fd is then not readable: sleep on it); `-EINVAL` for a
+/// NULL argument or a channel not of a sim.
+///
+/// Time: the sim advances only inside `ibv_poll_cq` (`steps_per_poll`), `sqd_sim_step` and
+/// `sqd_sim_run_until_idle`. A ULP that sleeps on the fd needs something else to advance time while it sleeps:
+/// typically a driver thread calling `sqd_sim_step(sim, 1)` in a loop (the sim is thread-safe).
+#[no_mangle]
+pub extern "C" fn sqd_sim_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
+    ffi_boundary!({
+        let cq = try_mut!(cq, "cq");
+        let cq_context = try_mut!(cq_context, "cq_context");
+        match channel_device(channel).and_then(|sim| sim.get_cq_event(channel)) {
+            Ok((c, ctx)) => {
+                *cq = c;
+                *cq_context = ctx;
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Acknowledges `nevents` completion events taken for `cq` with `sqd_sim_get_cq_event` (as `ibv_ack_cq_events`;
+/// `cq->comp_events_completed` counts them). `sqd_sim_destroy_cq` fails with `-EBUSY` while some are
+/// unacknowledged. Errors: `-EINVAL` for a CQ not of a sim, or more events than are unacknowledged.
+#[no_mangle]
+pub extern "C" fn sqd_sim_ack_cq_events(cq: *mut ibv_cq, nevents: u32) -> c_int {
+    ffi_boundary!({
+        // SAFETY: `cq` is NULL or a live CQ made by a sim, whose sim is alive, as documented.
+        match unsafe { SimDevice::from_cq(cq) } {
+            Ok(sim) => status(sim.ack_cq_events(cq, nevents)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Takes the oldest asynchronous event of the sim, without blocking (the sim's `ibv_get_async_event`; the
+/// libibverbs function reads a kernel fd and cannot be used): fills `out->element` (`cq`, `qp` or `srq`, per
+/// the type) and `out->event_type`, returns 0. The sim raises: `IBV_EVENT_CQ_ERR` (a CQ overran; it takes no
+/// more CQEs), `IBV_EVENT_QP_FATAL` (a QP went to error with no CQE of its own to say so: an injected fatal
+/// error, or its CQ overran), `IBV_EVENT_QP_LAST_WQE_REACHED` (a QP on an SRQ went to error and completed its
+/// last receive), `IBV_EVENT_SRQ_LIMIT_REACHED` (an armed SRQ limit was crossed), `IBV_EVENT_SRQ_ERR` (an SRQ
+/// failed). Events need no acknowledgement; events naming an object are discarded when it is destroyed.
+/// Errors: `-EAGAIN` when none is pending; `-EINVAL` for a NULL argument.
+#[no_mangle]
+pub extern "C" fn sqd_sim_get_async_event(sim: *const SimDevice, out: *mut ibv_async_event) -> c_int {
+    ffi_boundary!({
+        let Some(sim) = sim_ref(sim) else { return null_sim() };
+        let out = try_mut!(out, "out");
+        let Some(ev) = sim.get_async_event() else {
+            return fail(&Error::new(libc::EAGAIN, "no asynchronous event is pending"));
+        };
+        let element = match ev.element {
+            AsyncElement::Cq(cq) => ibv_async_event_element_t { cq },
+            AsyncElement::Qp(qp) => ibv_async_event_element_t { qp },
+            AsyncElement::Srq(srq) => ibv_async_event_element_t { srq },
+        };
+        *out = ibv_async_event { element, event_type: ev.event_type };
+        0
+    })
+}
+
+/// A file descriptor (nonblocking eventfd, owned by the sim) that is readable exactly while asynchronous events
+/// are pending, for poll/epoll/select; take the events with `sqd_sim_get_async_event`, never `read(2)` it.
+/// Errors: `-EINVAL` if `sim` is NULL.
+#[no_mangle]
+pub extern "C" fn sqd_sim_async_fd(sim: *const SimDevice) -> c_int {
+    ffi_boundary!({
+        let Some(sim) = sim_ref(sim) else { return null_sim() };
+        sim.async_fd()
+    })
+}
+
+/// Creates a shared receive queue, as `ibv_create_srq` does: a real `struct ibv_srq` (`context`, `pd`,
+/// `srq_context` from `attr`). `attr->attr.max_wr` (1..=32768) and `attr->attr.max_sge` (1..=32) are clamped and
+/// written back; `attr->attr.srq_limit` is ignored (arm it with `sqd_sim_modify_srq_limit`). Post receives with
+/// libibverbs' `ibv_post_srq_recv` (the context's `post_srq_recv` op): a chain is taken in order up to the first
+/// WR refused (`ENOMEM` when `max_wr` receives are held — a receive's slot is freed when its CQE is polled —,
+/// `EINVAL` for a bad SGE count or an SRQ in error), `*bad_wr` at it.
+///
+/// On success stores the SRQ in `*out` and returns 0; the sim owns it. Errors: `-EINVAL` for a NULL argument.
+#[no_mangle]
+pub extern "C" fn sqd_sim_create_srq(sim: *const SimDevice, attr: *mut ibv_srq_init_attr, out: *mut *mut ibv_srq) -> c_int {
+    ffi_boundary!({
+        let sim = try_ref!(sim, "sim");
+        let attr = try_mut!(attr, "attr");
+        let out = try_mut!(out, "out");
+        match sim.create_srq(attr) {
+            Ok(srq) => {
+                *out = srq;
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+fn srq_device<'a>(srq: *mut ibv_srq) -> crate::Result<&'a SimDevice> {
+    if srq.is_null() {
+        return Err(Error::invalid("srq is NULL"));
+    }
+    // SAFETY: every function taking an SRQ documents that it must be NULL or a live SRQ made by
+    // `sqd_sim_create_srq`, whose sim is alive for the duration of the call.
+    let sim = unsafe { SimDevice::from_context((*srq).context) }.ok_or_else(|| Error::invalid("srq does not belong to a sim"))?;
+    if !sim.owns_srq(srq) {
+        return Err(Error::invalid(format!("srq {srq:p} is not a live SRQ of its sim")));
+    }
+    Ok(sim)
+}
+
+/// Destroys an SRQ; receives still posted on it never complete, and `srq` dangles.
+/// Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it.
+#[no_mangle]
+pub extern "C" fn sqd_sim_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    ffi_boundary!({
+        match srq_device(srq) {
+            Ok(sim) => status(sim.destroy_srq(srq)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Sets the SRQ's limit, as `ibv_modify_srq` with `IBV_SRQ_LIMIT`: a nonzero `limit` arms it — when a QP takes
+/// a receive and fewer than `limit` receives remain posted, the sim raises one `IBV_EVENT_SRQ_LIMIT_REACHED`
+/// and disarms it (`ibv_modify_srq(3)`, `ibv_query_srq(3)`: 0 means not armed); 0 disarms.
+/// Errors: `-EINVAL` for NULL, an SRQ not of a sim, or `limit` above the SRQ's `max_wr`.
+#[no_mangle]
+pub extern "C" fn sqd_sim_modify_srq_limit(srq: *mut ibv_srq, limit: u32) -> c_int {
+    ffi_boundary!({
+        match srq_device(srq) {
+            Ok(sim) => status(sim.modify_srq_limit(srq, limit)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// Fault: the SRQ fails (a catastrophic SRQ error). The sim raises `IBV_EVENT_SRQ_ERR`; the SRQ hands out no
+/// more receives and refuses posts; every QP on it goes to error (its send WQEs flush) and gets
+/// `IBV_EVENT_QP_LAST_WQE_REACHED`. Errors: `-EINVAL` for NULL or an SRQ not of a sim.
+#[no_mangle]
+pub extern "C" fn sqd_sim_srq_set_error(srq: *mut ibv_srq) -> c_int {
+    ffi_boundary!({
+        match srq_device(srq) {
+            Ok(sim) => status(sim.srq_set_error(srq)),
+            Err(e) => fail(&e),
+        }
+    })
 }

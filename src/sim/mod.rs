@@ -37,21 +37,34 @@
 //! a ULP broke (SQ overflow in strict mode, CQ overrun, source modified while in flight, MR invalidated or
 //! deregistered while in use, invalid WRs).
 //!
-//! Threading: a device and its objects are used by one thread at a time (`SimDevice` is neither `Send` nor
-//! `Sync`). Ops callbacks never call user code, so the model's `RefCell` is never borrowed re-entrantly.
+//! **Target scale**: SRQs ([`SimDevice::create_srq`], `ibv_post_srq_recv`), asynchronous events
+//! ([`SimDevice::get_async_event`], an fd readable while some are pending), completion channels
+//! ([`SimDevice::create_comp_channel`], `ibv_req_notify_cq`, [`SimDevice::get_cq_event`]). A step visits only
+//! the QPs with work, so 10,000 idle QPs cost it nothing.
+//!
+//! Threading: a device is `Send` and `Sync`. Every entry into the model — the data-path ops called through the
+//! context from any thread, control calls, [`SimDevice::step`], statistics — takes one device-wide lock for
+//! its duration, so calls on one device are serialised (one at a time per device, whatever CQ or QP they
+//! concern). The model never calls user code or the library while holding the lock, so it is never taken
+//! re-entrantly and never ordered against a caller's own locks (such as sqdisc's per-CQ locks).
 
+mod events;
 mod model;
 mod ops;
 
-use std::cell::RefCell;
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
 
-use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type};
+use parking_lot::Mutex;
+use rdma_sys::{
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_srq,
+    ibv_srq_init_attr,
+};
 
 use crate::scripted::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use crate::{Error, Result};
+pub use events::{AsyncElement, AsyncEvent};
 use model::Model;
 
 /// `flags`: posting into a full SQ or RQ is also logged as a violation (it always fails with `ENOMEM`).
@@ -247,6 +260,13 @@ pub struct SimStats {
     pub bytes_read: u64,
     /// Bytes written into registered memory.
     pub bytes_written: u64,
+    /// QP visits made by steps: a step visits only the QPs with work (a send WQE not completed, an ACK due), so
+    /// this grows with the work done, not with the number of QPs.
+    pub qp_ticks: u64,
+    /// Asynchronous events raised.
+    pub async_events: u64,
+    /// Completion events queued on completion channels.
+    pub comp_events: u64,
 }
 
 /// One logged violation.
@@ -291,9 +311,19 @@ pub struct SimDevice {
     ctx: *mut ContextObj,
     pd: *mut ibv_pd,
     ibdev: *mut ibv_device,
-    model: RefCell<Model>,
+    /// The device lock: every call into the model — data-path ops from any thread, control calls, stepping,
+    /// statistics — holds it for its duration. The model never calls out (no user callback, no library code)
+    /// while holding it, so it is never taken re-entrantly.
+    model: Mutex<Model>,
     _pinned: PhantomPinned,
 }
+
+// SAFETY: the raw pointers a device holds are objects it owns (freed only by its `Drop`) and registered memory
+// the `reg_mr` contract keeps valid; nothing in them is tied to a thread. Every access to the model's state goes
+// through the `Mutex`, so the device may be used from several threads at once (see the module docs).
+unsafe impl Send for SimDevice {}
+// SAFETY: as above: shared access is serialised by the device lock; the fields outside it are set once in `new`.
+unsafe impl Sync for SimDevice {}
 
 impl SimDevice {
     /// A new simulated HCA. `EINVAL` for a configuration out of range (`wire_delay_min > wire_delay_max`,
@@ -320,17 +350,24 @@ impl SimDevice {
         ctx.ops.post_recv = Some(ops::post_recv);
         ctx.ops.poll_cq = Some(ops::poll_cq);
         ctx.ops.req_notify_cq = Some(ops::req_notify_cq);
+        ctx.ops.post_srq_recv = Some(ops::post_srq_recv);
         ctx.abi_compat = sentinel().cast_mut();
         let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
         let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
+        let model = match Model::new(*config, ctx.cast(), pd) {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: the three came from `Box::into_raw` above and nothing refers to them yet.
+                unsafe {
+                    drop(Box::from_raw(pd));
+                    drop(Box::from_raw(ctx));
+                    drop(Box::from_raw(ibdev));
+                }
+                return Err(e);
+            }
+        };
 
-        let device = Box::pin(SimDevice {
-            ctx,
-            pd,
-            ibdev,
-            model: RefCell::new(Model::new(*config, ctx.cast(), pd)),
-            _pinned: PhantomPinned,
-        });
+        let device = Box::pin(SimDevice { ctx, pd, ibdev, model: Mutex::new(model), _pinned: PhantomPinned });
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
@@ -376,7 +413,7 @@ impl SimDevice {
         // SAFETY: as the caller promises.
         let device = unsafe { Self::from_context((*qp).context) }
             .ok_or_else(|| Error::invalid(format!("qp {qp:p} does not belong to a sim device")))?;
-        if !device.model.borrow().owns_qp(qp) {
+        if !device.model.lock().owns_qp(qp) {
             return Err(Error::invalid(format!("qp {qp:p} is not a live QP of its sim device")));
         }
         Ok(device)
@@ -393,7 +430,7 @@ impl SimDevice {
         // SAFETY: as the caller promises.
         let device = unsafe { Self::from_context((*cq).context) }
             .ok_or_else(|| Error::invalid(format!("cq {cq:p} does not belong to a sim device")))?;
-        if !device.model.borrow().owns_cq(cq) {
+        if !device.model.lock().owns_cq(cq) {
             return Err(Error::invalid(format!("cq {cq:p} is not a live CQ of its sim device")));
         }
         Ok(device)
@@ -410,13 +447,13 @@ impl SimDevice {
         // SAFETY: as the caller promises.
         let device = unsafe { Self::from_context((*mr).context) }
             .ok_or_else(|| Error::invalid(format!("mr {mr:p} does not belong to a sim device")))?;
-        if !device.model.borrow().owns_mr(mr) {
+        if !device.model.lock().owns_mr(mr) {
             return Err(Error::invalid(format!("mr {mr:p} is not a live MR of its sim device")));
         }
         Ok(device)
     }
 
-    pub(crate) fn model(&self) -> &RefCell<Model> {
+    pub(crate) fn model(&self) -> &Mutex<Model> {
         &self.model
     }
 
@@ -432,7 +469,7 @@ impl SimDevice {
 
     /// The configuration the device was made with.
     pub fn config(&self) -> SimConfig {
-        self.model.borrow().config()
+        self.model.lock().config()
     }
 
     /// Registers `len` bytes at `addr` with `access` (`IBV_ACCESS_*` bits) and returns a real `struct ibv_mr`
@@ -444,68 +481,154 @@ impl SimDevice {
     /// `[addr, addr + len)` stays valid for reads — and for writes when `access` includes a write permission —
     /// until the MR is deregistered or the device is dropped: the model reads and writes it (DMA) at any step.
     pub unsafe fn reg_mr(&self, addr: *mut c_void, len: usize, access: u32) -> Result<*mut ibv_mr> {
-        self.model.borrow_mut().reg_mr(addr, len, access)
+        self.model.lock().reg_mr(addr, len, access)
     }
 
     /// Deregisters an MR: its keys are invalid from now on (a later DMA through them fails) and `mr` dangles.
     /// Logs an "MR invalidated while in use" violation when an unfinished send WQE references it.
     pub fn dereg_mr(&self, mr: *mut ibv_mr) -> Result<()> {
-        self.model.borrow_mut().dereg_mr(mr)
+        self.model.lock().dereg_mr(mr)
     }
 
-    /// Makes a CQ holding `cqe` CQEs (1..=4194304); `cq->cqe` is `cqe`.
+    /// Makes a CQ holding `cqe` CQEs (1..=4194304); `cq->cqe` is `cqe`. No completion channel.
     pub fn create_cq(&self, cqe: i32) -> Result<*mut ibv_cq> {
-        self.model.borrow_mut().create_cq(cqe)
+        self.model.lock().create_cq(cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+    }
+
+    /// Makes a CQ as `ibv_create_cq` does: `cqe` CQEs (1..=4194304), on completion channel `channel` (NULL:
+    /// none) of this device, with `cq_context` (returned by [`SimDevice::get_cq_event`]) and `comp_vector` (the
+    /// device has one: 0). `EINVAL` otherwise.
+    pub fn create_cq_ex(&self, cqe: i32, channel: *mut ibv_comp_channel, cq_context: *mut c_void, comp_vector: i32) -> Result<*mut ibv_cq> {
+        self.model.lock().create_cq(cqe, channel, cq_context, comp_vector)
+    }
+
+    /// Makes a completion channel: a real `struct ibv_comp_channel` (`context`, `fd`, `refcnt`) whose `fd` (a
+    /// nonblocking eventfd) is readable exactly while completion events are queued on it. Read events with
+    /// [`SimDevice::get_cq_event`], never `read(2)` the fd (nor libibverbs' `ibv_get_cq_event`, which needs a
+    /// kernel device).
+    pub fn create_comp_channel(&self) -> Result<*mut ibv_comp_channel> {
+        self.model.lock().create_channel()
+    }
+
+    /// Destroys a completion channel; `EBUSY` while a CQ uses it (`refcnt` not zero), `EINVAL` if not ours.
+    pub fn destroy_comp_channel(&self, channel: *mut ibv_comp_channel) -> Result<()> {
+        self.model.lock().destroy_channel(channel)
+    }
+
+    /// Takes the oldest completion event of `channel`, without blocking: the CQ it is for and that CQ's
+    /// `cq_context`. `EAGAIN` when none is queued (sleep on `channel->fd` meanwhile). Each event taken must be
+    /// acknowledged ([`SimDevice::ack_cq_events`]) before the CQ is destroyed.
+    pub fn get_cq_event(&self, channel: *mut ibv_comp_channel) -> Result<(*mut ibv_cq, *mut c_void)> {
+        self.model.lock().get_cq_event(channel)
+    }
+
+    /// Acknowledges `n` completion events taken for `cq`. `EINVAL` for more than are unacknowledged.
+    pub fn ack_cq_events(&self, cq: *mut ibv_cq, n: u32) -> Result<()> {
+        self.model.lock().ack_cq_events(cq, n)
+    }
+
+    /// Takes the oldest asynchronous event (CQ error, QP fatal, last WQE reached, SRQ limit reached, SRQ
+    /// error), without blocking; `None` when none is pending.
+    pub fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.model.lock().get_async_event()
+    }
+
+    /// A nonblocking eventfd, readable exactly while asynchronous events are pending (for epoll); owned by the
+    /// device. Take events with [`SimDevice::get_async_event`], never by reading the fd.
+    pub fn async_fd(&self) -> i32 {
+        self.model.lock().async_fd()
+    }
+
+    /// Makes a shared receive queue as `ibv_create_srq` does: a real `struct ibv_srq` (`context`, `pd`,
+    /// `srq_context`); `attr.attr.max_wr` (1..=32768) and `max_sge` (1..=32) are clamped and written back;
+    /// `srq_limit` is ignored (arm it with [`SimDevice::modify_srq_limit`]). Post receives to it with
+    /// libibverbs' `ibv_post_srq_recv` (the context's `post_srq_recv` op).
+    pub fn create_srq(&self, attr: &mut ibv_srq_init_attr) -> Result<*mut ibv_srq> {
+        self.model.lock().create_srq(attr)
+    }
+
+    /// Destroys an SRQ; `EBUSY` while a QP uses it. Receives still posted on it never complete.
+    pub fn destroy_srq(&self, srq: *mut ibv_srq) -> Result<()> {
+        self.model.lock().destroy_srq(srq)
+    }
+
+    /// Arms the SRQ limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when a QP takes a receive and fewer than
+    /// `limit` remain posted, one `IBV_EVENT_SRQ_LIMIT_REACHED` is raised and the limit disarmed. 0 disarms.
+    /// `EINVAL` above the SRQ's `max_wr`.
+    pub fn modify_srq_limit(&self, srq: *mut ibv_srq, limit: u32) -> Result<()> {
+        self.model.lock().modify_srq_limit(srq, limit)
+    }
+
+    /// Fault: the SRQ fails (`IBV_EVENT_SRQ_ERR`); every QP on it goes to error, posts to it are refused.
+    pub fn srq_set_error(&self, srq: *mut ibv_srq) -> Result<()> {
+        self.model.lock().srq_set_error(srq)
+    }
+
+    /// The SRQ's armed limit (0: not armed), how many receives are posted and not yet taken, and how many
+    /// receive slots are held (posted, and not yet freed by polling their CQE).
+    pub fn srq_state(&self, srq: *mut ibv_srq) -> Result<(u32, usize, usize)> {
+        self.model.lock().srq_state(srq)
+    }
+
+    /// Whether `srq` is a live SRQ of this device.
+    pub fn owns_srq(&self, srq: *mut ibv_srq) -> bool {
+        self.model.lock().owns_srq(srq)
+    }
+
+    /// Whether `channel` is a live completion channel of this device.
+    pub fn owns_comp_channel(&self, channel: *mut ibv_comp_channel) -> bool {
+        self.model.lock().owns_channel(channel)
     }
 
     /// Destroys a CQ; `EBUSY` while a QP uses it. Its pointer dangles afterwards.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
-        self.model.borrow_mut().destroy_cq(cq)
+        self.model.lock().destroy_cq(cq)
     }
 
-    /// Makes an RC QP. `attr->qp_type` must be `IBV_QPT_RC`, `srq` NULL, `send_cq`/`recv_cq` CQs of this
-    /// device. Caps are honoured, clamped to the device limits (WRs 1..=32768, SGEs 1..=32, inline 0..=1024);
+    /// Makes an RC QP. `attr->qp_type` must be `IBV_QPT_RC`, `send_cq`/`recv_cq` CQs of this device, `srq`
+    /// NULL or an SRQ of this device (the QP then takes its receives from it, oldest first, and has no RQ of
+    /// its own: `ibv_post_recv` on it fails with `EINVAL`; `max_recv_wr`/`max_recv_sge` are written back as 0). Caps are honoured, clamped to the device limits (WRs 1..=32768, SGEs 1..=32, inline 0..=1024);
     /// the granted caps are written back to `attr.cap`. `sq_sig_all` makes every send WR signaled.
     ///
     /// The QP starts in the INIT state: receives may be posted, sends only after [`SimDevice::connect`]
     /// (in null mode it starts ready to send).
     pub fn create_qp(&self, attr: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp> {
-        self.model.borrow_mut().create_qp(attr, false)
+        self.model.lock().create_qp(attr, false)
     }
 
     /// Connects two QPs of this device to each other (both to RTS), as the two sides' `ibv_modify_qp` to
     /// RTR/RTS would. `a` and `b` must differ and be unconnected. `attr` applies to both.
     pub fn connect(&self, a: *mut ibv_qp, b: *mut ibv_qp, attr: &SimConnAttr) -> Result<()> {
-        self.model.borrow_mut().connect(a, b, attr)
+        self.model.lock().connect(a, b, attr)
     }
 
     /// Moves a QP to the error state (as `ibv_modify_qp` to `IBV_QPS_ERR`): every unfinished send WQE and
     /// every posted receive flushes with its own CQE, in order.
     pub fn set_error(&self, qp: *mut ibv_qp) -> Result<()> {
-        self.model.borrow_mut().set_error(qp)
+        self.model.lock().set_error(qp)
     }
 
     /// Destroys a QP whatever it holds; its CQEs not yet polled are removed from its CQs. Packets in flight to
     /// it are dropped; its peer, if any, stays connected to nothing (its requests time out).
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
-        self.model.borrow_mut().destroy_qp(qp)
+        self.model.lock().destroy_qp(qp)
     }
 
     /// Runs `steps` steps.
     pub fn step(&self, steps: u32) {
-        self.model.borrow_mut().run(u64::from(steps));
+        self.model.lock().run(u64::from(steps));
     }
 
     /// Runs steps until nothing is in flight (no WQE waiting to be transmitted or acknowledged, no packet on
     /// the wire, no ACK pending); returns the steps run. `ETIMEDOUT` after `max_steps` steps (an RNR retry
     /// that never ends, a peer that never answers...).
     pub fn run_until_idle(&self, max_steps: u32) -> Result<u64> {
-        self.model.borrow_mut().run_until_idle(u64::from(max_steps))
+        self.model.lock().run_until_idle(u64::from(max_steps))
     }
 
     /// Injects a fault (`SQD_SIM_FAULT_*`). `EINVAL` for an unknown kind or a QP not of this device.
     pub fn inject(&self, fault: &SimFault) -> Result<()> {
-        self.model.borrow_mut().inject(fault)
+        self.model.lock().inject(fault)
     }
 
     /// Oracle: whether any send WQE the HCA is not truly finished with (it could still be transmitted or
@@ -513,43 +636,43 @@ impl SimDevice {
     /// written) references bytes of `[addr, addr + len)` through its SGEs. Inline data never counts (it was
     /// copied at post time).
     pub fn buffer_busy(&self, addr: *const c_void, len: usize) -> bool {
-        self.model.borrow().buffer_busy(addr as u64, len as u64)
+        self.model.lock().buffer_busy(addr as u64, len as u64)
     }
 
     /// Oracle: whether the HCA is finished with the `index`-th send WQE posted on `qp` (0 = first ever).
     /// `ENOENT` beyond the last posted.
     pub fn wqe_finished(&self, qp: *mut ibv_qp, index: u64) -> Result<bool> {
-        self.model.borrow().wqe_finished(qp, index)
+        self.model.lock().wqe_finished(qp, index)
     }
 
     /// The device-wide counters.
     pub fn stats(&self) -> SimStats {
-        self.model.borrow().stats()
+        self.model.lock().stats()
     }
 
     /// The current step.
     pub fn now(&self) -> u64 {
-        self.model.borrow().now()
+        self.model.lock().now()
     }
 
     /// Number of violations logged.
     pub fn violation_count(&self) -> usize {
-        self.model.borrow().violations().len()
+        self.model.lock().violations().len()
     }
 
     /// The `index`-th violation (0 = oldest).
     pub fn violation(&self, index: usize) -> Option<Violation> {
-        self.model.borrow().violations().get(index).cloned()
+        self.model.lock().violations().get(index).cloned()
     }
 
     /// Every violation logged so far, oldest first.
     pub fn violation_log(&self) -> Vec<Violation> {
-        self.model.borrow().violations().to_vec()
+        self.model.lock().violations().to_vec()
     }
 
     /// Whether `qp` is in the error state.
     pub fn qp_in_error(&self, qp: *mut ibv_qp) -> Result<bool> {
-        Ok(self.model.borrow().qp_stats(qp)?.in_error)
+        Ok(self.model.lock().qp_stats(qp)?.in_error)
     }
 }
 
@@ -588,7 +711,7 @@ impl Scriptable for SimDevice {
         attr.cap.max_send_sge = caps.max_send_sge;
         attr.cap.max_recv_sge = caps.max_recv_sge;
         attr.cap.max_inline_data = caps.max_inline_data;
-        self.model.borrow_mut().create_qp(&mut attr, true)
+        self.model.lock().create_qp(&mut attr, true)
     }
     fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
         SimDevice::destroy_qp(self, qp)
@@ -597,38 +720,38 @@ impl Scriptable for SimDevice {
         SimDevice::destroy_cq(self, cq)
     }
     fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize> {
-        self.model.borrow_mut().complete_n(qp, n)
+        self.model.lock().complete_n(qp, n)
     }
     fn fail(&self, qp: *mut ibv_qp, status: u32, vendor_err: u32) -> Result<()> {
-        self.model.borrow_mut().fail_next(qp, status, vendor_err)
+        self.model.lock().fail_next(qp, status, vendor_err)
     }
     fn set_error(&self, qp: *mut ibv_qp) -> Result<()> {
         SimDevice::set_error(self, qp)
     }
     fn deliver(&self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()> {
-        self.model.borrow_mut().deliver_now(qp, byte_len, imm)
+        self.model.lock().deliver_now(qp, byte_len, imm)
     }
     fn qp_stats(&self, qp: *mut ibv_qp) -> Result<ScriptedQpStats> {
-        self.model.borrow().qp_stats(qp)
+        self.model.lock().qp_stats(qp)
     }
     fn qp_caps(&self, qp: *mut ibv_qp) -> Result<ScriptedQpCaps> {
-        self.model.borrow().qp_caps(qp)
+        self.model.lock().qp_caps(qp)
     }
     fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats> {
-        self.model.borrow().cq_stats(cq)
+        self.model.lock().cq_stats(cq)
     }
     fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe> {
-        self.model.borrow().wqe_record(qp, index)
+        self.model.lock().wqe_record(qp, index)
     }
     fn violations(&self) -> Vec<String> {
-        self.model.borrow().violations().iter().map(|v| v.text.clone()).collect()
+        self.model.lock().violations().iter().map(|v| v.text.clone()).collect()
     }
 }
 
 impl SimDevice {
     /// The state a QP was made in, for tests: INIT until connected (RTS in null mode), ERR after an error.
     pub fn qp_state(&self, qp: *mut ibv_qp) -> Result<ibv_qp_state::Type> {
-        self.model.borrow().qp_state(qp)
+        self.model.lock().qp_state(qp)
     }
 }
 

@@ -8,14 +8,16 @@
 //! QPs live in slots; while one QP is being worked on it is taken out of its slot, so the rest of the model
 //! (other QPs, CQs, MRs, the wire) can be borrowed freely next to it. Every path puts it back.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ffi::c_void;
 
 use rdma_sys::{
-    ibv_access_flags, ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_send_flags,
-    ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode,
+    ibv_access_flags, ibv_comp_channel, ibv_context, ibv_cq, ibv_event_type, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr,
+    ibv_qp_state, ibv_qp_type, ibv_send_flags, ibv_srq, ibv_srq_init_attr, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status,
+    ibv_wr_opcode,
 };
 
+use super::events::{AsyncElement, AsyncEvent, ChannelModel, EventFd};
 use super::*;
 use crate::scripted::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use crate::{Error, Result};
@@ -207,8 +209,38 @@ struct CqModel {
     overruns: u64,
     in_error: bool,
     arms: u64,
-    /// QP numbers attached (once per side: a QP using it as send and receive CQ appears twice).
-    users: Vec<u32>,
+    /// QP numbers attached, with how many sides use it (2: a QP using it as send and receive CQ). Ordered, so
+    /// that an overrun puts them in error in a deterministic order.
+    users: BTreeMap<u32, u32>,
+    /// The completion channel (key) it was made on.
+    channel: Option<usize>,
+    /// Armed by `ibv_req_notify_cq`: `Some(solicited_only)`; one-shot.
+    armed: Option<bool>,
+    /// Completion events taken from its channel (`get_cq_event`) and acknowledged (`ack_cq_events`).
+    events_got: u64,
+    events_acked: u64,
+}
+
+/// A shared receive queue: receives posted to it are consumed, oldest first, by any QP made on it.
+struct SrqModel {
+    obj: *mut ibv_srq,
+    rq: VecDeque<Recv>,
+    /// Receives posted and not yet freed (a receive's slot is freed when its CQE is polled, as for an RQ).
+    held: usize,
+    max_wr: u32,
+    max_sge: u32,
+    /// Armed limit (0: not armed).
+    limit: u32,
+    /// QPs made on it.
+    users: usize,
+    in_error: bool,
+}
+
+impl Drop for SrqModel {
+    fn drop(&mut self) {
+        // SAFETY: `obj` came from `Box::into_raw` in `Model::create_srq` and is freed only here, once.
+        drop(unsafe { Box::from_raw(self.obj) });
+    }
 }
 
 impl Drop for CqModel {
@@ -246,6 +278,8 @@ struct Wqe {
     opcode: u32,
     signaled: bool,
     fence: bool,
+    /// `IBV_SEND_SOLICITED`: the receive completion it causes at the responder is solicited.
+    solicited: bool,
     sges: Vec<Sge>,
     inline: Option<Vec<u8>>,
     len: u64,
@@ -290,6 +324,12 @@ enum QpState {
 struct QpModel {
     obj: *mut ibv_qp,
     qpn: u32,
+    /// Its index in `Model::qps`.
+    slot: usize,
+    /// The SRQ (key) it takes its receives from, if made on one.
+    srq: Option<usize>,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` was raised for it.
+    last_wqe_raised: bool,
     caps: ScriptedQpCaps,
     sig_all: bool,
     send_cq: usize,
@@ -384,6 +424,7 @@ struct Request {
     imm: u32,
     compare_add: u64,
     swap: u64,
+    solicited: bool,
     force_access_err: bool,
 }
 
@@ -428,6 +469,14 @@ pub(crate) struct Model {
     stats: SimStats,
     pending_err: Vec<u32>,
     fatal_at: Vec<(u64, u32)>,
+    srqs: HashMap<usize, SrqModel>,
+    channels: HashMap<usize, ChannelModel>,
+    async_events: VecDeque<AsyncEvent>,
+    async_fd: EventFd,
+    /// Slots of the QPs that may have work in the next step (a send WQE not completed, an ACK due): a step
+    /// visits these only, in slot (creation) order, so its cost follows the QPs with work, not all QPs.
+    active: BTreeSet<usize>,
+    tick_buf: Vec<usize>,
 }
 
 fn key<T>(p: *mut T) -> usize {
@@ -435,8 +484,8 @@ fn key<T>(p: *mut T) -> usize {
 }
 
 impl Model {
-    pub(crate) fn new(cfg: SimConfig, ctx: *mut ibv_context, pd: *mut ibv_pd) -> Model {
-        Model {
+    pub(crate) fn new(cfg: SimConfig, ctx: *mut ibv_context, pd: *mut ibv_pd) -> Result<Model> {
+        Ok(Model {
             cfg,
             ctx,
             pd,
@@ -457,7 +506,13 @@ impl Model {
             stats: SimStats::default(),
             pending_err: Vec::new(),
             fatal_at: Vec::new(),
-        }
+            srqs: HashMap::new(),
+            channels: HashMap::new(),
+            async_events: VecDeque::new(),
+            async_fd: EventFd::new()?,
+            active: BTreeSet::new(),
+            tick_buf: Vec::new(),
+        })
     }
 
     pub(crate) fn config(&self) -> SimConfig {
@@ -534,9 +589,16 @@ impl Model {
     }
 
     /// Pushes a CQE to the QP's send or receive CQ. A full CQ (or one already in error) loses it; the first
-    /// loss marks the CQ in error, puts every QP using it in error (IBA: CQ overrun is a CQ error, its QPs'
-    /// CQEs can no longer be delivered) and is logged as a violation.
-    fn push_cqe(&mut self, q: &mut QpModel, to_send_cq: bool, wc: ibv_wc, origin: Origin) {
+    /// loss marks the CQ in error, raises `IBV_EVENT_CQ_ERR` ("CQ is in error (CQ overrun)",
+    /// `ibv_get_async_event(3)`), puts every QP using it in error (its CQEs can no longer be delivered; each
+    /// gets `IBV_EVENT_QP_FATAL`) and is logged as a violation. From then on the CQ takes no CQE: later ones,
+    /// flushes of its QPs included, are lost (counted in `cq_overruns`).
+    ///
+    /// A CQE that lands in an armed CQ (`ibv_req_notify_cq`) — any CQE, or with `solicited_only` only a
+    /// solicited one (`solicited`: a receive of a message sent with `IBV_SEND_SOLICITED`) or an unsuccessful
+    /// one, as `ibv_req_notify_cq(3)` defines — disarms it ("one shot") and queues one completion event on its
+    /// channel.
+    fn push_cqe(&mut self, q: &mut QpModel, to_send_cq: bool, wc: ibv_wc, origin: Origin, solicited: bool) {
         self.stats.cqes += 1;
         q.stats.cqes_generated += 1;
         if wc.status == FLUSH {
@@ -564,24 +626,53 @@ impl Model {
                 wc.status,
                 q.qpn
             );
-            let users = cq.users.clone();
-            self.pending_err.extend(users);
+            // Reverse order: `settle` pops from the end, so the QPs go to error in ascending QP number.
+            self.pending_err.extend(cq.users.keys().rev());
+            let cq_obj = cq.obj;
             let index = match origin {
                 Origin::Send(i) => Some(i),
                 Origin::Recv => None,
             };
             self.violation(Some(q), SQD_SIM_VIOLATION_CQ_OVERRUN, index, text);
+            self.raise(ibv_event_type::IBV_EVENT_CQ_ERR, AsyncElement::Cq(cq_obj));
             return;
         }
+        let failed = wc.status != SUCCESS;
         cq.entries.push_back(CqEntry { wc, qpn: q.qpn, origin });
         cq.max_queued = cq.max_queued.max(cq.entries.len());
+        let fire = match cq.armed {
+            Some(solicited_only) => !solicited_only || solicited || failed,
+            None => false,
+        };
+        if fire {
+            cq.armed = None;
+            if let Some(ch) = cq.channel.and_then(|c| self.channels.get_mut(&c)) {
+                self.stats.comp_events += 1;
+                ch.events.push_back(cq_key);
+                ch.sync_fd();
+            }
+        }
     }
 
-    /// Puts every QP queued for error (CQ overruns) in error.
+    /// Queues an asynchronous event; the async fd becomes readable.
+    fn raise(&mut self, event_type: ibv_event_type, element: AsyncElement) {
+        self.stats.async_events += 1;
+        self.async_events.push_back(AsyncEvent { event_type, element });
+        self.async_fd.set(true);
+    }
+
+    /// Puts every QP queued for error (an overrun of its CQ, an injected fatal error) in error, raising
+    /// `IBV_EVENT_QP_FATAL` ("Error occurred on a QP and it transitioned to error state",
+    /// `ibv_get_async_event(3)`) for each that was not in error yet: no CQE of its own tells the ULP.
     fn settle(&mut self) {
         while let Some(qpn) = self.pending_err.pop() {
             if let Some(&slot) = self.qp_by_num.get(&qpn) {
-                self.with_slot(slot, |m, q| m.enter_error(q));
+                self.with_slot(slot, |m, q| {
+                    if q.state != QpState::Err {
+                        m.raise(ibv_event_type::IBV_EVENT_QP_FATAL, AsyncElement::Qp(q.obj));
+                    }
+                    m.enter_error(q);
+                });
             }
         }
     }
@@ -600,7 +691,16 @@ impl Model {
         self.complete_ready(q);
         while let Some(r) = q.rq.pop_front() {
             let wc = error_wc(r.wr_id, FLUSH, 0, q.qpn);
-            self.push_cqe(q, false, wc, Origin::Recv);
+            self.push_cqe(q, false, wc, Origin::Recv, false);
+        }
+        // A QP on an SRQ: the SRQ's receives stay for the other QPs. Messages are single packets here, so a
+        // receive is consumed and completed in the same step and none is ever in progress when the QP fails:
+        // its last consumed WQE has completed, and the device says so at once with
+        // IBV_EVENT_QP_LAST_WQE_REACHED ("Last WQE Reached on a QP associated with an SRQ",
+        // ibv_get_async_event(3)).
+        if q.srq.is_some() && !q.last_wqe_raised {
+            q.last_wqe_raised = true;
+            self.raise(ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED, AsyncElement::Qp(q.obj));
         }
     }
 
@@ -649,7 +749,7 @@ impl Model {
                 h.flushed = status == FLUSH;
             }
             if signaled || status != SUCCESS {
-                self.push_cqe(q, true, wc, Origin::Send(index));
+                self.push_cqe(q, true, wc, Origin::Send(index), false);
             }
         }
     }
@@ -665,6 +765,33 @@ impl Model {
             q.err_index = Some(index);
         }
         self.enter_error(q);
+    }
+
+    /// Whether a receive is available to `q` now: in its own RQ, or in its SRQ (not in error).
+    fn recv_ready(&self, q: &QpModel) -> bool {
+        match q.srq {
+            Some(k) => self.srqs.get(&k).is_some_and(|s| !s.in_error && !s.rq.is_empty()),
+            None => !q.rq.is_empty(),
+        }
+    }
+
+    /// Takes the oldest receive available to `q`. From an SRQ: a take that leaves fewer receives than its armed
+    /// limit raises `IBV_EVENT_SRQ_LIMIT_REACHED` and disarms the limit ("arms the SRQ to produce an
+    /// IBV_EVENT_SRQ_LIMIT_REACHED 'low watermark' asynchronous event once the number of WRs in the SRQ drops
+    /// below srq_limit", `ibv_modify_srq(3)`; a limit of 0 means not armed, `ibv_query_srq(3)`).
+    fn take_recv(&mut self, q: &mut QpModel) -> Option<Recv> {
+        let Some(k) = q.srq else { return q.rq.pop_front() };
+        let srq = self.srqs.get_mut(&k)?;
+        if srq.in_error {
+            return None;
+        }
+        let r = srq.rq.pop_front()?;
+        if srq.limit > 0 && srq.rq.len() < srq.limit as usize {
+            srq.limit = 0;
+            let obj = srq.obj;
+            self.raise(ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED, AsyncElement::Srq(obj));
+        }
+        Some(r)
     }
 
     // ---- memory ------------------------------------------------------------------------------------------
@@ -808,15 +935,34 @@ impl Model {
 
     // ---- CQs ---------------------------------------------------------------------------------------------
 
-    pub(crate) fn create_cq(&mut self, cqe: i32) -> Result<*mut ibv_cq> {
+    pub(crate) fn create_cq(
+        &mut self,
+        cqe: i32,
+        channel: *mut ibv_comp_channel,
+        cq_context: *mut c_void,
+        comp_vector: i32,
+    ) -> Result<*mut ibv_cq> {
         if !(1..=MAX_CQE).contains(&cqe) {
             return Err(Error::invalid(format!("cqe = {cqe} is out of range (1..={MAX_CQE})")));
+        }
+        if comp_vector != 0 {
+            return Err(Error::invalid(format!("comp_vector {comp_vector} is out of range (the sim has one: 0)")));
+        }
+        if !channel.is_null() && !self.channels.contains_key(&key(channel)) {
+            return Err(Error::invalid(format!("channel {channel:p} is not a completion channel of this sim device")));
         }
         // SAFETY: `ibv_cq` is plain data (pointers, ints, zero-initializable pthread objects): zero is valid.
         let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
         cq.context = self.ctx;
         cq.cqe = cqe;
+        cq.channel = channel;
+        cq.cq_context = cq_context;
         let obj = Box::into_raw(cq);
+        if !channel.is_null() {
+            // SAFETY: `channel` is a live channel owned by this model (checked above); libibverbs counts the CQs
+            // on a channel in `refcnt` and refuses to destroy it while that is not zero.
+            unsafe { (*channel).refcnt += 1 };
+        }
         self.cqs.insert(
             key(obj),
             CqModel {
@@ -827,25 +973,244 @@ impl Model {
                 overruns: 0,
                 in_error: false,
                 arms: 0,
-                users: Vec::new(),
+                users: BTreeMap::new(),
+                channel: (!channel.is_null()).then(|| key(channel)),
+                armed: None,
+                events_got: 0,
+                events_acked: 0,
             },
         );
         Ok(obj)
     }
 
+    /// Destroys a CQ: `EBUSY` while a QP uses it, or while completion events taken from its channel are not
+    /// all acknowledged (libibverbs' `ibv_destroy_cq` waits for them, `ibv_get_cq_event(3)`; the sim cannot
+    /// wait for the caller itself, so it refuses). Its events still queued on the channel are discarded.
     pub(crate) fn destroy_cq(&mut self, cq: *mut ibv_cq) -> Result<()> {
-        let users = self.cq(cq)?.users.len();
-        if users > 0 {
-            return Err(Error::new(libc::EBUSY, format!("cq {cq:p} is still used by {users} QP queue(s)")));
+        let c = self.cq(cq)?;
+        if !c.users.is_empty() {
+            let n: u32 = c.users.values().sum();
+            return Err(Error::new(libc::EBUSY, format!("cq {cq:p} is still used by {n} QP queue(s)")));
         }
-        self.cqs.remove(&key(cq));
+        if c.events_got > c.events_acked {
+            return Err(Error::new(
+                libc::EBUSY,
+                format!("cq {cq:p} has {} completion event(s) not acknowledged (ibv_ack_cq_events)", c.events_got - c.events_acked),
+            ));
+        }
+        let c = self.cqs.remove(&key(cq)).expect("checked above");
+        if let Some(ch) = c.channel.and_then(|k| self.channels.get_mut(&k)) {
+            ch.events.retain(|&e| e != key(cq));
+            ch.sync_fd();
+            // SAFETY: the channel object is alive (owned by `ch`); this CQ was counted in `refcnt` at creation.
+            unsafe { (*ch.obj).refcnt -= 1 };
+        }
+        self.async_events.retain(|e| !e.names(key(cq)));
+        self.async_fd.set(!self.async_events.is_empty());
         Ok(())
     }
 
-    pub(crate) fn arm(&mut self, cq: *mut ibv_cq) -> Result<()> {
+    /// `ibv_req_notify_cq`: arms the CQ for its next CQE (or next solicited one). One shot. A request for any
+    /// CQE takes precedence over a pending solicited-only one (IBA's Request Completion Notification).
+    /// CQEs already in the CQ do not count: only one added afterwards fires.
+    pub(crate) fn arm(&mut self, cq: *mut ibv_cq, solicited_only: bool) -> Result<()> {
         let cq = self.cqs.get_mut(&key(cq)).ok_or_else(|| Error::invalid("cq is not a CQ of this sim device"))?;
         cq.arms += 1;
+        cq.armed = Some(solicited_only && cq.armed.unwrap_or(true));
         Ok(())
+    }
+
+    // ---- completion channels and async events -------------------------------------------------------------
+
+    pub(crate) fn create_channel(&mut self) -> Result<*mut ibv_comp_channel> {
+        let fd = EventFd::new()?;
+        let obj = Box::into_raw(Box::new(ibv_comp_channel { context: self.ctx, fd: fd.fd(), refcnt: 0 }));
+        self.channels.insert(key(obj), ChannelModel { obj, fd, events: VecDeque::new() });
+        Ok(obj)
+    }
+
+    pub(crate) fn owns_channel(&self, ch: *mut ibv_comp_channel) -> bool {
+        self.channels.contains_key(&key(ch))
+    }
+
+    /// `EBUSY` while a CQ uses the channel (libibverbs: while `refcnt` is not zero).
+    pub(crate) fn destroy_channel(&mut self, ch: *mut ibv_comp_channel) -> Result<()> {
+        let c = self.channels.get(&key(ch)).ok_or_else(|| Error::invalid(format!("channel {ch:p} is not a channel of this sim device")))?;
+        // SAFETY: the channel object is alive, owned by `c`.
+        let refcnt = unsafe { (*c.obj).refcnt };
+        if refcnt > 0 {
+            return Err(Error::new(libc::EBUSY, format!("channel {ch:p} is still used by {refcnt} CQ(s)")));
+        }
+        self.channels.remove(&key(ch));
+        Ok(())
+    }
+
+    /// Takes the oldest completion event of the channel: the CQ and its `cq_context`. `EAGAIN` when none.
+    pub(crate) fn get_cq_event(&mut self, ch: *mut ibv_comp_channel) -> Result<(*mut ibv_cq, *mut c_void)> {
+        let c = self.channels.get_mut(&key(ch)).ok_or_else(|| Error::invalid(format!("channel {ch:p} is not a channel of this sim device")))?;
+        let Some(cq_key) = c.events.pop_front() else {
+            return Err(Error::new(libc::EAGAIN, "no completion event is pending on the channel"));
+        };
+        c.sync_fd();
+        let cq = self.cqs.get_mut(&cq_key).expect("a CQ's events leave its channel when it is destroyed");
+        cq.events_got += 1;
+        // SAFETY: the CQ object is alive, owned by `cq`.
+        let cq_context = unsafe { (*cq.obj).cq_context };
+        Ok((cq.obj, cq_context))
+    }
+
+    /// Acknowledges `n` completion events of the CQ. `EINVAL` for more than were taken and not yet acknowledged
+    /// (libibverbs does not check; a model that lets the count go wrong would hide the ULP's bug).
+    pub(crate) fn ack_cq_events(&mut self, cq: *mut ibv_cq, n: u32) -> Result<()> {
+        let c = self.cqs.get_mut(&key(cq)).ok_or_else(|| Error::invalid(format!("cq {cq:p} is not a CQ of this sim device")))?;
+        let unacked = c.events_got - c.events_acked;
+        if u64::from(n) > unacked {
+            return Err(Error::invalid(format!("acknowledging {n} completion event(s) of cq {cq:p}, but only {unacked} are unacknowledged")));
+        }
+        c.events_acked += u64::from(n);
+        // SAFETY: the CQ object is alive, owned by `c`; libibverbs' ibv_ack_cq_events counts here too.
+        unsafe { (*c.obj).comp_events_completed = (*c.obj).comp_events_completed.wrapping_add(n) };
+        Ok(())
+    }
+
+    /// Takes the oldest asynchronous event, if any.
+    pub(crate) fn get_async_event(&mut self) -> Option<AsyncEvent> {
+        let e = self.async_events.pop_front();
+        self.async_fd.set(!self.async_events.is_empty());
+        e
+    }
+
+    pub(crate) fn async_fd(&self) -> i32 {
+        self.async_fd.fd()
+    }
+
+    // ---- shared receive queues ----------------------------------------------------------------------------
+
+    /// `ibv_create_srq`: `attr.max_wr` and `attr.max_sge` are clamped to the device limits and written back
+    /// ("set to the actual values allocated on return", `ibv_create_srq(3)`); `attr.srq_limit` is ignored (the
+    /// limit is armed by modifying it).
+    pub(crate) fn create_srq(&mut self, attr: &mut ibv_srq_init_attr) -> Result<*mut ibv_srq> {
+        attr.attr.max_wr = attr.attr.max_wr.clamp(1, MAX_WR);
+        attr.attr.max_sge = attr.attr.max_sge.clamp(1, MAX_SGE);
+        // SAFETY: `ibv_srq` is plain data (pointers, ints, zero-initializable pthread objects): zero is valid.
+        let mut obj: Box<ibv_srq> = Box::new(unsafe { std::mem::zeroed() });
+        obj.context = self.ctx;
+        obj.pd = self.pd;
+        obj.srq_context = attr.srq_context;
+        obj.handle = self.srqs.len() as u32 + 1;
+        let obj = Box::into_raw(obj);
+        self.srqs.insert(
+            key(obj),
+            SrqModel {
+                obj,
+                rq: VecDeque::new(),
+                held: 0,
+                max_wr: attr.attr.max_wr,
+                max_sge: attr.attr.max_sge,
+                limit: 0,
+                users: 0,
+                in_error: false,
+            },
+        );
+        Ok(obj)
+    }
+
+    pub(crate) fn owns_srq(&self, srq: *mut ibv_srq) -> bool {
+        self.srqs.contains_key(&key(srq))
+    }
+
+    fn srq_mut(&mut self, srq: *mut ibv_srq) -> Result<&mut SrqModel> {
+        self.srqs.get_mut(&key(srq)).ok_or_else(|| Error::invalid(format!("srq {srq:p} is not an SRQ of this sim device")))
+    }
+
+    /// `EBUSY` while a QP uses it. Receives still posted are dropped (the SRQ has no CQ to flush them to).
+    pub(crate) fn destroy_srq(&mut self, srq: *mut ibv_srq) -> Result<()> {
+        let s = self.srq_mut(srq)?;
+        if s.users > 0 {
+            return Err(Error::new(libc::EBUSY, format!("srq {srq:p} is still used by {} QP(s)", s.users)));
+        }
+        self.srqs.remove(&key(srq));
+        self.async_events.retain(|e| !e.names(key(srq)));
+        self.async_fd.set(!self.async_events.is_empty());
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms (or, with 0, disarms) the limit event. `EINVAL` above
+    /// `max_wr`.
+    pub(crate) fn modify_srq_limit(&mut self, srq: *mut ibv_srq, limit: u32) -> Result<()> {
+        let s = self.srq_mut(srq)?;
+        if limit > s.max_wr {
+            return Err(Error::invalid(format!("srq_limit {limit} is above the SRQ's max_wr {}", s.max_wr)));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// The SRQ fails (a catastrophic SRQ error): `IBV_EVENT_SRQ_ERR` ("Error occurred on an SRQ",
+    /// `ibv_get_async_event(3)`); it hands out no more receives, refuses posts, and every QP on it goes to
+    /// error (each then gets `IBV_EVENT_QP_LAST_WQE_REACHED`).
+    pub(crate) fn srq_set_error(&mut self, srq: *mut ibv_srq) -> Result<()> {
+        let s = self.srq_mut(srq)?;
+        if s.in_error {
+            return Ok(());
+        }
+        s.in_error = true;
+        let obj = s.obj;
+        self.raise(ibv_event_type::IBV_EVENT_SRQ_ERR, AsyncElement::Srq(obj));
+        let users: Vec<usize> = self.qps.iter().flatten().filter(|q| q.srq == Some(key(srq))).map(|q| q.slot).collect();
+        for slot in users {
+            self.with_slot(slot, |m, q| m.enter_error(q));
+        }
+        self.settle();
+        Ok(())
+    }
+
+    /// The SRQ's limit (0: not armed), receives posted and not consumed, and receive slots held.
+    pub(crate) fn srq_state(&self, srq: *mut ibv_srq) -> Result<(u32, usize, usize)> {
+        let s = self.srqs.get(&key(srq)).ok_or_else(|| Error::invalid(format!("srq {srq:p} is not an SRQ of this sim device")))?;
+        Ok((s.limit, s.rq.len(), s.held))
+    }
+
+    /// `ibv_post_srq_recv` of one receive WR (positive errno on rejection): `ENOMEM` when `max_wr` receives are
+    /// held, `EINVAL` for a bad SGE count or an SRQ in error.
+    pub(crate) fn post_srq_recv(&mut self, srq: *mut ibv_srq, req: RecvRequest) -> std::result::Result<(), i32> {
+        let strict = self.strict();
+        let Some(s) = self.srqs.get_mut(&key(srq)) else { return Err(libc::EINVAL) };
+        let why = if s.in_error {
+            Some("the SRQ is in error".to_string())
+        } else if req.num_sge < 0 || req.num_sge as u32 > s.max_sge || req.null_sg_list {
+            Some(format!("num_sge {} (max_sge {}){}", req.num_sge, s.max_sge, if req.null_sg_list { " with a NULL sg_list" } else { "" }))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let text = format!("{}: srq {srq:p} receive wr_id {:#x}: {why}; rejected with EINVAL", violation_kind_str(SQD_SIM_VIOLATION_BAD_WR), req.wr_id);
+            self.violation(None, SQD_SIM_VIOLATION_BAD_WR, None, text);
+            return Err(libc::EINVAL);
+        }
+        if s.held >= s.max_wr as usize {
+            let text = format!(
+                "{}: srq {srq:p} holds {} of {} receive slots; wr_id {:#x} rejected with ENOMEM",
+                violation_kind_str(SQD_SIM_VIOLATION_RQ_OVERFLOW),
+                s.held,
+                s.max_wr,
+                req.wr_id
+            );
+            self.stats.rq_overflows += 1;
+            if strict {
+                self.violation(None, SQD_SIM_VIOLATION_RQ_OVERFLOW, None, text);
+            }
+            return Err(libc::ENOMEM);
+        }
+        s.held += 1;
+        s.rq.push_back(Recv { wr_id: req.wr_id, sges: req.sges });
+        self.stats.recvs += 1;
+        Ok(())
+    }
+
+    /// Whether SGEs of a receive for this SRQ need to be copied (not in null mode), and its `max_sge`.
+    pub(crate) fn srq_post_info(&self, srq: *mut ibv_srq) -> Option<(u32, bool)> {
+        self.srqs.get(&key(srq)).map(|s| (s.max_sge, !self.null()))
     }
 
     /// `ibv_poll_cq`: runs `steps_per_poll` steps, then pops up to `max` CQEs. A popped send CQE frees its
@@ -866,7 +1231,10 @@ impl Model {
                             q.sq.pop_front();
                         }
                     }
-                    Origin::Recv => q.recv_held = q.recv_held.saturating_sub(1),
+                    Origin::Recv => match q.srq.and_then(|k| self.srqs.get_mut(&k)) {
+                        Some(srq) => srq.held = srq.held.saturating_sub(1),
+                        None => q.recv_held = q.recv_held.saturating_sub(1),
+                    },
                 }
             }
             out(n, entry.wc);
@@ -886,9 +1254,13 @@ impl Model {
         if attr.qp_type != ibv_qp_type::IBV_QPT_RC {
             return Err(Error::invalid(format!("qp_type {} is not supported: the sim models RC QPs only", attr.qp_type)));
         }
-        if !attr.srq.is_null() {
-            return Err(Error::invalid("SRQs are not supported by the sim"));
-        }
+        let srq = if attr.srq.is_null() {
+            None
+        } else if self.owns_srq(attr.srq) {
+            Some(key(attr.srq))
+        } else {
+            return Err(Error::invalid(format!("srq {:p} is not an SRQ of this sim device", attr.srq)));
+        };
         if self.next_qpn > 0x00ff_ffff {
             return Err(Error::new(libc::ENOSPC, "sim ran out of QP numbers"));
         }
@@ -898,6 +1270,11 @@ impl Model {
         c.max_send_sge = c.max_send_sge.clamp(1, MAX_SGE);
         c.max_recv_sge = c.max_recv_sge.clamp(1, MAX_SGE);
         c.max_inline_data = c.max_inline_data.min(MAX_INLINE);
+        if srq.is_some() {
+            // Receives come from the SRQ: the QP has no receive queue of its own (verbs ignores these caps).
+            c.max_recv_wr = 0;
+            c.max_recv_sge = 0;
+        }
         let caps = ScriptedQpCaps {
             max_send_wr: c.max_send_wr,
             max_recv_wr: c.max_recv_wr,
@@ -915,6 +1292,7 @@ impl Model {
         obj.pd = self.pd;
         obj.send_cq = attr.send_cq;
         obj.recv_cq = attr.recv_cq;
+        obj.srq = attr.srq;
         obj.qp_num = qpn;
         obj.handle = qpn;
         obj.qp_type = ibv_qp_type::IBV_QPT_RC;
@@ -922,12 +1300,19 @@ impl Model {
         let obj = Box::into_raw(obj);
         for cq in [attr.send_cq, attr.recv_cq] {
             if let Some(cq) = self.cqs.get_mut(&key(cq)) {
-                cq.users.push(qpn);
+                *cq.users.entry(qpn).or_insert(0) += 1;
             }
         }
+        if let Some(s) = srq.and_then(|k| self.srqs.get_mut(&k)) {
+            s.users += 1;
+        }
+        let slot = self.qps.len();
         let q = QpModel {
             obj,
             qpn,
+            slot,
+            srq,
+            last_wqe_raised: false,
             caps,
             sig_all: attr.sq_sig_all != 0,
             send_cq: key(attr.send_cq),
@@ -963,7 +1348,6 @@ impl Model {
             history: Vec::new(),
             stats: ScriptedQpStats::default(),
         };
-        let slot = self.qps.len();
         self.qps.push(Some(q));
         self.qp_by_ptr.insert(key(obj), slot);
         self.qp_by_num.insert(qpn, slot);
@@ -1012,14 +1396,30 @@ impl Model {
         let q = self.qps[slot].take().expect("no QP is taken out between calls");
         self.qp_by_ptr.remove(&key(qp));
         self.qp_by_num.remove(&q.qpn);
+        self.active.remove(&slot);
+        // Receive CQEs removed unpolled: for a QP on an SRQ their slots go back to the SRQ.
+        let mut recvs_removed = 0usize;
         for cq_key in [q.send_cq, q.recv_cq] {
             if let Some(cq) = self.cqs.get_mut(&cq_key) {
-                if let Some(pos) = cq.users.iter().position(|&u| u == q.qpn) {
-                    cq.users.swap_remove(pos);
+                if let Some(n) = cq.users.get_mut(&q.qpn) {
+                    *n -= 1;
+                    if *n == 0 {
+                        cq.users.remove(&q.qpn);
+                    }
                 }
-                cq.entries.retain(|e| e.qpn != q.qpn);
+                cq.entries.retain(|e| {
+                    let mine = e.qpn == q.qpn;
+                    recvs_removed += usize::from(mine && e.origin == Origin::Recv);
+                    !mine
+                });
             }
         }
+        if let Some(s) = q.srq.and_then(|k| self.srqs.get_mut(&k)) {
+            s.users -= 1;
+            s.held = s.held.saturating_sub(recvs_removed);
+        }
+        self.async_events.retain(|e| !e.names(key(qp)));
+        self.async_fd.set(!self.async_events.is_empty());
         drop(q);
         Ok(())
     }
@@ -1134,7 +1534,7 @@ impl Model {
                 } else {
                     error_wc(req.wr_id, status, 0, qpn)
                 };
-                self.push_cqe(q, true, wc, Origin::Send(index));
+                self.push_cqe(q, true, wc, Origin::Send(index), false);
             }
             return Ok(());
         }
@@ -1144,6 +1544,7 @@ impl Model {
             opcode: req.opcode,
             signaled,
             fence: req.flags & ibv_send_flags::IBV_SEND_FENCE.0 != 0,
+            solicited: req.flags & ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
             sges: if inline { Vec::new() } else { req.sges },
             inline: if inline { req.inline } else { None },
             len: req.total_len,
@@ -1164,6 +1565,8 @@ impl Model {
         if q.state == QpState::Err {
             // A WR posted to a QP in error is flushed at once.
             self.complete_ready(q);
+        } else {
+            self.active.insert(q.slot);
         }
         Ok(())
     }
@@ -1185,6 +1588,15 @@ impl Model {
 
     fn post_recv_on(&mut self, q: &mut QpModel, req: RecvRequest) -> std::result::Result<(), i32> {
         let qpn = q.qpn;
+        if q.srq.is_some() {
+            let text = format!(
+                "{}: qp {qpn:#x} takes its receives from an SRQ; ibv_post_recv wr_id {:#x} rejected with EINVAL (post to the SRQ)",
+                violation_kind_str(SQD_SIM_VIOLATION_BAD_WR),
+                req.wr_id
+            );
+            self.violation(Some(q), SQD_SIM_VIOLATION_BAD_WR, None, text);
+            return Err(libc::EINVAL);
+        }
         if q.state != QpState::Err && q.recv_held >= q.caps.max_recv_wr as usize {
             self.stats.rq_overflows += 1;
             if self.strict() {
@@ -1245,18 +1657,31 @@ impl Model {
             let p = entry.remove();
             self.deliver(p);
         }
-        for slot in 0..self.qps.len() {
+        // Only QPs with work: an idle QP's tick does nothing (no ACK due, nothing to send or complete).
+        let mut slots = std::mem::take(&mut self.tick_buf);
+        slots.clear();
+        slots.extend(self.active.iter().copied());
+        self.stats.qp_ticks += slots.len() as u64;
+        for &slot in &slots {
             self.with_slot(slot, |m, q| {
                 m.responder_tick(q);
                 m.requester_tick(q);
+                if !Self::busy(q) {
+                    m.active.remove(&slot);
+                }
             });
         }
+        self.tick_buf = slots;
         self.settle();
     }
 
+    /// Whether a QP has work for the next step: in RTS with a send WQE not completed, or an ACK due.
+    fn busy(q: &QpModel) -> bool {
+        q.state == QpState::Rts && (q.next_complete < q.posted || q.ack_due.is_some())
+    }
+
     fn idle(&self) -> bool {
-        self.wire.is_empty()
-            && self.live_qps().all(|q| q.state != QpState::Rts || (q.next_complete == q.posted && q.ack_due.is_none()))
+        self.wire.is_empty() && self.active.iter().all(|&s| self.qps[s].as_ref().is_none_or(|q| !Self::busy(q)))
     }
 
     pub(crate) fn run_until_idle(&mut self, max_steps: u64) -> Result<u64> {
@@ -1366,6 +1791,7 @@ impl Model {
                 q.ack_psn = psn;
                 if q.ack_due.is_none() {
                     q.ack_due = Some(self.now + u64::from(self.cfg.ack_delay));
+                    self.active.insert(q.slot);
                 }
                 if self.cfg.ack_delay == 0 {
                     q.ack_due = None;
@@ -1422,12 +1848,12 @@ impl Model {
             return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
         }
         let needs_recv = matches!(r.opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV | IBV_WR_RDMA_WRITE_WITH_IMM);
-        if needs_recv && (self.now < q.starve_until || q.rq.is_empty()) {
+        if needs_recv && (self.now < q.starve_until || !self.recv_ready(q)) {
             return Outcome::Rnr; // IBA: receiver not ready, the requester retries after a delay
         }
         match r.opcode {
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV => {
-                let recv = q.rq.pop_front().expect("checked above");
+                let recv = self.take_recv(q).expect("checked above");
                 let mut wc = blank_wc();
                 wc.wr_id = recv.wr_id;
                 wc.qp_num = q.qpn;
@@ -1443,7 +1869,7 @@ impl Model {
                 };
                 if let Some((local, remote)) = fail {
                     let wc = error_wc(recv.wr_id, local, 0, q.qpn);
-                    self.push_cqe(q, false, wc, Origin::Recv);
+                    self.push_cqe(q, false, wc, Origin::Recv, false);
                     return Outcome::Nak(remote);
                 }
                 wc.status = SUCCESS;
@@ -1456,7 +1882,7 @@ impl Model {
                     wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV.0;
                     wc.imm_data_invalidated_rkey_union.invalidated_rkey = r.imm;
                 }
-                self.push_cqe(q, false, wc, Origin::Recv);
+                self.push_cqe(q, false, wc, Origin::Recv, r.solicited);
                 Outcome::Ack
             }
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => {
@@ -1471,7 +1897,7 @@ impl Model {
                     self.stats.bytes_written += r.len;
                 }
                 if r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
-                    let recv = q.rq.pop_front().expect("checked above");
+                    let recv = self.take_recv(q).expect("checked above");
                     let mut wc = blank_wc();
                     wc.wr_id = recv.wr_id;
                     wc.qp_num = q.qpn;
@@ -1480,7 +1906,7 @@ impl Model {
                     wc.byte_len = r.len as u32;
                     wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
                     wc.imm_data_invalidated_rkey_union.imm_data = r.imm;
-                    self.push_cqe(q, false, wc, Origin::Recv);
+                    self.push_cqe(q, false, wc, Origin::Recv, r.solicited);
                 }
                 Outcome::Ack
             }
@@ -1793,6 +2219,7 @@ impl Model {
                 imm: w.imm,
                 compare_add: w.compare_add,
                 swap: w.swap,
+                solicited: w.solicited,
                 force_access_err,
             };
             if first && !q.sq.iter().any(|x| x.index < index && !x.done && x.tx_count > 0) {
@@ -1872,7 +2299,7 @@ impl Model {
 
     pub(crate) fn deliver_now(&mut self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()> {
         self.with_qp(qp, |m, q| {
-            let Some(recv) = q.rq.pop_front() else {
+            let Some(recv) = m.take_recv(q) else {
                 return Err(Error::new(libc::ENOENT, format!("qp {:#x} has no receive posted", q.qpn)));
             };
             let mut wc = blank_wc();
@@ -1885,7 +2312,7 @@ impl Model {
                 wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
                 wc.imm_data_invalidated_rkey_union.imm_data = imm;
             }
-            m.push_cqe(q, false, wc, Origin::Recv);
+            m.push_cqe(q, false, wc, Origin::Recv, false);
             Ok(())
         })?
     }
@@ -1966,6 +2393,10 @@ impl Model {
         self.qp_by_ptr.clear();
         self.qp_by_num.clear();
         self.cqs.clear();
+        self.srqs.clear();
+        self.channels.clear();
+        self.async_events.clear();
+        self.active.clear();
         self.mrs.clear();
         self.mr_by_obj.clear();
         self.wire.clear();

@@ -1,13 +1,13 @@
 //! The device's ops table: the data-path verbs libibverbs' inline functions call through `context->ops`.
 //!
 //! Each callback copies what it needs out of the caller's structures (WRs, SGE lists, inline data), updates the
-//! model under one borrow, and calls nothing outside the model, so the model is never borrowed re-entrantly.
+//! model under the device lock, and calls nothing outside the model, so the lock is never taken re-entrantly.
 //! A panic (a bug in the model) never unwinds into C: it becomes `EIO`.
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc};
+use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc};
 
 use super::model::{RecvRequest, SendRequest, Sge};
 use super::SimDevice;
@@ -113,7 +113,7 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
             set_bad(wr);
             return libc::EINVAL;
         };
-        let mut model = device.model().borrow_mut();
+        let mut model = device.model().lock();
         let Some((caps, copy)) = model.post_info(qp) else {
             set_bad(wr);
             return libc::EINVAL;
@@ -158,7 +158,7 @@ pub(crate) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr,
             set_bad(wr);
             return libc::EINVAL;
         };
-        let mut model = device.model().borrow_mut();
+        let mut model = device.model().lock();
         let Some((caps, copy)) = model.post_info(qp) else {
             set_bad(wr);
             return libc::EINVAL;
@@ -192,7 +192,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
         let Some(device) = (unsafe { SimDevice::from_context((*cq).context) }) else {
             return -libc::EINVAL;
         };
-        let mut model = device.model().borrow_mut();
+        let mut model = device.model().lock();
         if !model.owns_cq(cq) {
             return -libc::EINVAL;
         }
@@ -207,8 +207,9 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
     })
 }
 
-/// `ibv_req_notify_cq`: counts the arm and succeeds (the device raises no completion events).
-pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+/// `ibv_req_notify_cq`: arms the CQ for its next CQE (any, or solicited only); one shot. When it fires, one
+/// completion event is queued on the CQ's channel, if it has one.
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guarded(libc::EIO, || {
         if cq.is_null() {
             return libc::EINVAL;
@@ -217,10 +218,52 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: 
         let Some(device) = (unsafe { SimDevice::from_context((*cq).context) }) else {
             return libc::EINVAL;
         };
-        let result = device.model().borrow_mut().arm(cq);
+        let result = device.model().lock().arm(cq, solicited_only != 0);
         match result {
             Ok(()) => 0,
             Err(e) => e.errno(),
         }
+    })
+}
+
+/// `ibv_post_srq_recv`: posts the receive chain to the SRQ in order; on the first WR refused, returns its positive
+/// errno with `*bad_wr` at it (earlier WRs stay posted).
+pub(crate) unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    guarded(libc::EIO, || {
+        let set_bad = |at: *mut ibv_recv_wr| {
+            if !bad_wr.is_null() {
+                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
+                unsafe { *bad_wr = at };
+            }
+        };
+        if srq.is_null() {
+            set_bad(wr);
+            return libc::EINVAL;
+        }
+        // SAFETY: reached through `srq->context->ops`, so `srq` is a live SRQ whose context is a sim device's.
+        let Some(device) = (unsafe { SimDevice::from_context((*srq).context) }) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut model = device.model().lock();
+        let Some((max_sge, copy)) = model.srq_post_info(srq) else {
+            set_bad(wr);
+            return libc::EINVAL;
+        };
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: `cur` is the caller's receive WR chain, valid for reads as `ibv_post_srq_recv` requires.
+            let w = unsafe { &*cur };
+            let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
+            let in_range = w.num_sge >= 0 && w.num_sge as u32 <= max_sge;
+            let sges = if copy && in_range && !null_sg_list { copy_sges(w.sg_list, w.num_sge) } else { Vec::new() };
+            let req = RecvRequest { wr_id: w.wr_id, num_sge: w.num_sge, null_sg_list, sges };
+            if let Err(errno) = model.post_srq_recv(srq, req) {
+                set_bad(cur);
+                return errno;
+            }
+            cur = w.next;
+        }
+        0
     })
 }
