@@ -79,6 +79,14 @@ struct sqd_cq;
 struct sqd_queue;
 
 /**
+ * An `ibv_srq` under management.
+ *
+ * Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
+ * completion is reaped on any managed CQ where a queue attached to it completes receives. Not thread-safe.
+ */
+struct sqd_srq;
+
+/**
  * Counters of a managed CQ (`struct sqd_cq_stats` in C).
  */
 struct sqd_cq_stats {
@@ -225,6 +233,11 @@ struct sqd_queue_attr {
      * `SQD_QUEUE_*` bits; unknown bits are refused (`-EINVAL`).
      */
     uint32_t flags;
+    /**
+     * The managed SRQ the QP receives from (`qp->srq`), or NULL. With an SRQ, `recv_cq` must be the QP's
+     * receive CQ and `rq_depth` 0; receives are posted with `sqd_srq_post_recv`.
+     */
+    struct sqd_srq *srq;
 };
 
 /**
@@ -340,6 +353,71 @@ struct sqd_queue_stats {
      * Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
      */
     uint64_t verify_mismatches;
+};
+
+/**
+ * Called when the number of posted receives of an SRQ drops below its low watermark: post more.
+ */
+typedef void (*sqd_srq_low_fn)(void *ctx, uint32_t posted);
+
+/**
+ * How to manage an SRQ (`struct sqd_srq_attr`).
+ */
+struct sqd_srq_attr {
+    /**
+     * The SRQ's granted `max_wr` (read it back from `ibv_create_srq`'s `attr.max_wr`). 1..=1048576.
+     */
+    uint32_t depth;
+    /**
+     * `low` runs (from `sqd_cq_poll`) each time the posted receives drop below this; 0: never.
+     */
+    uint32_t low_watermark;
+    /**
+     * Called once per receive, when its completion has been reaped (or it is released without one, by
+     * `sqd_srq_release_all`): its buffer may be reused. Receives complete in any order. May be NULL.
+     */
+    sqd_release_fn release;
+    void *release_ctx;
+    sqd_srq_low_fn low;
+    void *low_ctx;
+    /**
+     * Reserved: must be 0.
+     */
+    uint32_t flags;
+};
+
+/**
+ * Counters of a managed SRQ (`struct sqd_srq_stats` in C).
+ */
+struct sqd_srq_stats {
+    /**
+     * The SRQ's depth (its granted `max_wr`).
+     */
+    uint32_t depth;
+    /**
+     * Receives posted and not yet released.
+     */
+    uint32_t posted;
+    /**
+     * Receives ever posted.
+     */
+    uint64_t total_posted;
+    /**
+     * Receive CQEs reaped.
+     */
+    uint64_t cqes;
+    /**
+     * CQEs naming no posted receive (dropped and counted).
+     */
+    uint64_t stray_cqes;
+    /**
+     * Queues attached.
+     */
+    uint32_t queues;
+    /**
+     * Times the low-watermark callback ran.
+     */
+    uint32_t low_events;
 };
 
 #ifdef __cplusplus
@@ -628,6 +706,49 @@ int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
  * Returns 0, or `-EINVAL` (NULL `q`, an event that is not a QP's).
  */
 int32_t sqd_queue_async_event(struct sqd_queue *q, uint32_t type);
+
+/**
+ * Takes the SRQ `srq` under management and stores the handle in `*out`. Queues whose QPs receive from it are
+ * made with `sqd_queue_new` and `attr->srq` set; its receives are posted with `sqd_srq_post_recv`, and their
+ * completions are returned by `sqd_cq_poll` (with your wr_id and the consuming QP's `qp_num`) on the CQ of the
+ * QP that consumed them. The SRQ's depth is reserved once on each CQ where its queues complete receives.
+ *
+ * Ownership: `srq` stays the caller's and must outlive the handle. Thread safety: used by the thread that polls
+ * the CQs of its queues (not for thread-safe CQs).
+ *
+ * Returns 0, or `-EINVAL` (NULL argument, depth 0 or too large, low watermark above depth, nonzero flags, an
+ * SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096).
+ */
+int32_t sqd_srq_new(struct ibv_srq *srq,
+                    const struct sqd_srq_attr *attr,
+                    struct sqd_srq **out);
+
+/**
+ * Frees a handle made by `sqd_srq_new` (not the `ibv_srq`). NULL is a no-op.
+ *
+ * Returns 0, or `-EBUSY` while queues are attached or receives are posted (release them first with
+ * `sqd_srq_release_all` once no QP can consume them); the handle then stays valid.
+ */
+int32_t sqd_srq_free(struct sqd_srq *srq);
+
+/**
+ * Posts a chain of receives to the SRQ instead of `ibv_post_srq_recv`. On failure `*bad_wr` is the first
+ * receive not posted. Returns 0, or `-EINVAL` (NULL argument, bad `num_sge`/`sg_list`), `-EAGAIN` (the SRQ
+ * holds `depth` receives already), or the provider's negated errno.
+ */
+int32_t sqd_srq_post_recv(struct sqd_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+
+/**
+ * Releases every receive still posted to the SRQ (`IBV_WC_WR_FLUSH_ERR`, `SQD_COMPLETION_NEVER_POSTED`),
+ * when no QP can consume them any more: before destroying the SRQ, or after `IBV_EVENT_SRQ_ERR`. Returns 0,
+ * or `-EINVAL` (NULL), `-EBUSY` (queues are still attached).
+ */
+int32_t sqd_srq_release_all(struct sqd_srq *srq);
+
+/**
+ * Copies the SRQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_srq_stats(const struct sqd_srq *srq, struct sqd_srq_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use crate::discipline::budget::CqBudget;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
 use crate::error::{Error, Result};
+use crate::discipline::srq::SRQ_TOKEN_BASE;
 use crate::queue::{CqeFate, QueueShared};
+use crate::srq::SrqShared;
 use crate::verbs::{ibv_wc, CqHandle};
 
 /// Counters of a managed CQ (`struct sqd_cq_stats` in C).
@@ -57,6 +59,10 @@ struct CqState {
     /// Queues that may have an unsignaled tail to cover at the end of a poll.
     watch: Vec<u32>,
     watch_spare: Vec<u32>,
+    /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
+    srqs: Vec<(u32, Rc<SrqShared>, u32)>,
+    /// Polls that found the CQ empty (ended before filling the caller's array).
+    empty_polls: u64,
     stats: CqStats,
 }
 
@@ -87,6 +93,8 @@ impl Cq {
                     by_qp: HashMap::new(),
                     watch: Vec::new(),
                     watch_spare: Vec::new(),
+                    srqs: Vec::new(),
+                    empty_polls: 0,
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 polling: Cell::new(false),
@@ -163,7 +171,7 @@ impl CqShared {
         }
         let index = match st.free.last() {
             Some(&i) => i,
-            None if st.table.len() as u64 > MAX_INDEX as u64 => {
+            None if st.table.len() as u32 >= SRQ_TOKEN_BASE.min(MAX_INDEX) => {
                 return Err(Error::new(libc::ENOSPC, "too many queues on one CQ"));
             }
             None => st.table.len() as u32,
@@ -176,6 +184,33 @@ impl CqShared {
         }
         st.by_qp.insert(qp_num, index);
         Ok(index)
+    }
+
+    /// Registers an SRQ whose queue completes receives here; its depth is reserved on the first.
+    pub(crate) fn attach_srq(&self, srq: &Rc<SrqShared>) -> Result<()> {
+        let mut st = self.state.borrow_mut();
+        if let Some(e) = st.srqs.iter_mut().find(|e| e.0 == srq.id) {
+            e.2 += 1;
+            return Ok(());
+        }
+        let depth = srq.depth() as u64;
+        st.budget.reserve_extra(depth, &format!("SRQ depth {depth}, reserved once for all its queues here"))?;
+        st.srqs.push((srq.id, srq.clone(), 1));
+        Ok(())
+    }
+
+    pub(crate) fn detach_srq(&self, id: u32) {
+        let mut st = self.state.borrow_mut();
+        let Some(i) = st.srqs.iter().position(|e| e.0 == id) else { return };
+        st.srqs[i].2 -= 1;
+        if st.srqs[i].2 == 0 {
+            let (_, srq, _) = st.srqs.swap_remove(i);
+            st.budget.release_extra(srq.depth() as u64);
+        }
+    }
+
+    pub(crate) fn empty_polls(&self) -> u64 {
+        self.state.borrow().empty_polls
     }
 
     /// Puts the queue object in its table slot (after the queue is built).
@@ -232,6 +267,7 @@ impl CqShared {
             }
             kept = w;
             if n < room {
+                self.state.borrow_mut().empty_polls += 1;
                 break;
             }
         }
@@ -244,6 +280,11 @@ impl CqShared {
     #[inline]
     fn reap(&self, wc: &ibv_wc) -> CqeFate {
         let token = Token(wc.wr_id);
+        if token.index() >= SRQ_TOKEN_BASE && token.direction() == Direction::Recv {
+            if let Some(fate) = self.reap_srq(token, wc) {
+                return fate;
+            }
+        }
         let fate = match self.lookup(token.index(), wc.qp_num) {
             Some(q) => {
                 let on_right_cq = match token.direction() {
@@ -268,6 +309,23 @@ impl CqShared {
             CqeFate::Visible(_) => {}
         }
         fate
+    }
+
+    /// A receive CQE of a managed SRQ registered here; `None` if no such SRQ (then it is treated as any CQE).
+    fn reap_srq(&self, token: Token, wc: &ibv_wc) -> Option<CqeFate> {
+        let id = token.index() - SRQ_TOKEN_BASE;
+        let srq = self.state.borrow().srqs.iter().find(|e| e.0 == id).map(|e| e.1.clone())?;
+        let fate = match srq.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc)) {
+            Some(wr_id) => CqeFate::Visible(wr_id),
+            None => CqeFate::Stray,
+        };
+        srq.run_releases();
+        let mut st = self.state.borrow_mut();
+        st.stats.cqes += 1;
+        if matches!(fate, CqeFate::Stray) {
+            st.stats.stray += 1;
+        }
+        Some(fate)
     }
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle.

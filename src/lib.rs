@@ -15,6 +15,7 @@ pub mod discipline;
 pub mod error;
 pub mod scripted;
 pub mod sim;
+mod srq;
 pub mod verbs;
 mod queue;
 
@@ -26,4 +27,5 @@ pub use completion::{
 };
 pub use cq::{Cq, CqStats};
 pub use error::{Error, Result};
+pub use srq::{Srq, SrqStats};
 pub use queue::{Deferred, InvalidateMode, PostError, Queue, QueueConfig, QueueStats, RecvPostError, ReleaseHandler, MAX_DEPTH, MAX_INLINE, MAX_SGE};

@@ -12,6 +12,7 @@ use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState};
 use crate::error::{Error, Result};
+use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
 use crate::verbs::{pump_backlog, ForeignDeferred, ForeignRelease, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
@@ -188,6 +189,9 @@ pub(crate) struct QueueShared {
     state: RefCell<QueueState>,
     releasing: Cell<bool>,
     release: Option<ReleaseHandler>,
+    srq: Option<Rc<SrqShared>>,
+    /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
+    last_wqe_at: Cell<Option<u64>>,
 }
 
 /// The managed send queue (and optionally receive queue) of one RC QP.
@@ -216,6 +220,24 @@ impl Queue {
     /// Puts `qp` under management: its sends complete on `send_cq`, its receives (if `config.rq_depth > 0`) on
     /// `recv_cq`. Reserves the queue's worst case on the CQ(s): `ENOSPC` if it does not fit.
     pub fn new(send_cq: &Cq, recv_cq: Option<&Cq>, qp: QpHandle, config: QueueConfig, release: Option<ReleaseHandler>) -> Result<Queue> {
+        Queue::build(send_cq, recv_cq, None, qp, config, release)
+    }
+
+    /// Puts `qp`, whose receives come from the managed `srq`, under management: its sends complete on
+    /// `send_cq`, its receives (from the SRQ) on `recv_cq` (the QP's, managed; it may be `send_cq`). The SRQ's
+    /// depth is reserved once on `recv_cq` for all queues of that SRQ there. `config.rq_depth` must be 0.
+    pub fn with_srq(send_cq: &Cq, recv_cq: &Cq, srq: &Srq, qp: QpHandle, config: QueueConfig, release: Option<ReleaseHandler>) -> Result<Queue> {
+        Queue::build(send_cq, Some(recv_cq), Some(srq), qp, config, release)
+    }
+
+    fn build(
+        send_cq: &Cq,
+        recv_cq: Option<&Cq>,
+        srq: Option<&Srq>,
+        qp: QpHandle,
+        config: QueueConfig,
+        release: Option<ReleaseHandler>,
+    ) -> Result<Queue> {
         let c = config;
         if c.sq_depth == 0 || c.sq_depth > MAX_DEPTH {
             return Err(Error::invalid(format!("sq_depth {} is outside 1..={MAX_DEPTH}", c.sq_depth)));
@@ -246,7 +268,31 @@ impl Queue {
                 send_cq.shared.handle.as_ptr()
             )));
         }
+        if let Some(srq) = srq {
+            if !std::ptr::eq(qp.srq(), srq.shared.handle().as_ptr()) {
+                return Err(Error::invalid(format!(
+                    "the QP's SRQ ({:p}) is not the SRQ given ({:p})",
+                    qp.srq(),
+                    srq.shared.handle().as_ptr()
+                )));
+            }
+            if c.rq_depth != 0 {
+                return Err(Error::invalid("rq_depth must be 0 for a QP that receives from an SRQ"));
+            }
+            if send_cq.lock().is_some() || recv_cq.is_some_and(|r| r.lock().is_some()) {
+                return Err(Error::invalid("SRQs are managed in single-threaded mode only (not on thread-safe CQs)"));
+            }
+            let rcq = recv_cq.expect("with_srq gives a recv_cq");
+            if !std::ptr::eq(qp.recv_cq(), rcq.shared.handle.as_ptr()) {
+                return Err(Error::invalid(format!(
+                    "the QP's recv CQ ({:p}) is not the CQ given as recv_cq ({:p})",
+                    qp.recv_cq(),
+                    rcq.shared.handle.as_ptr()
+                )));
+            }
+        }
         match (recv_cq, c.rq_depth) {
+            _ if srq.is_some() => {}
             (None, 0) => {}
             (None, n) => {
                 return Err(Error::invalid(format!("rq_depth is {n} but no recv_cq was given (use 0 for unmanaged receives)")))
@@ -295,6 +341,16 @@ impl Queue {
             },
             _ => send_index,
         };
+        if let (Some(srq), Some(r)) = (srq, recv_cq) {
+            if let Err(e) = r.shared.attach_srq(&srq.shared) {
+                send_cq.shared.detach(send_index, qp_num, send_need);
+                if !same_cq {
+                    r.shared.detach(recv_index, qp_num, recv_need);
+                }
+                return Err(e);
+            }
+            srq.shared.queues.set(srq.shared.queues.get() + 1);
+        }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
         let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data));
         let shared = Rc::new(QueueShared {
@@ -308,7 +364,7 @@ impl Queue {
             recv_need,
             state: RefCell::new(QueueState {
                 send: SendState::new(c.sq_depth, interval, backlog),
-                recv: recv_cq.map(|_| RecvState::new(c.rq_depth)),
+                recv: recv_cq.filter(|_| srq.is_none()).map(|_| RecvState::new(c.rq_depth)),
                 barriers: Barriers::default(),
                 ops: Vec::new(),
                 free_ops: Vec::new(),
@@ -324,6 +380,8 @@ impl Queue {
             }),
             releasing: Cell::new(false),
             release,
+            srq: srq.map(|s| s.shared.clone()),
+            last_wqe_at: Cell::new(None),
         });
         shared.send_cq.install(send_index, shared.clone());
         if let Some(r) = &shared.recv_cq {
@@ -424,7 +482,13 @@ impl Queue {
                 self.shared.abandon();
                 Ok(())
             }
-            EV_COMM_EST | EV_SQ_DRAINED | EV_PATH_MIG | EV_QP_LAST_WQE_REACHED => Ok(()),
+            EV_QP_LAST_WQE_REACHED => {
+                let s = &self.shared;
+                let polls = s.recv_cq.as_ref().map_or(0, |r| r.empty_polls());
+                s.last_wqe_at.set(Some(polls));
+                Ok(())
+            }
+            EV_COMM_EST | EV_SQ_DRAINED | EV_PATH_MIG => Ok(()),
             _ => Err(Error::invalid(format!("event {event} is not an event of a QP"))),
         }
     }
@@ -468,6 +532,10 @@ impl Queue {
 impl Drop for Queue {
     fn drop(&mut self) {
         let s = &self.shared;
+        if let (Some(srq), Some(r)) = (&s.srq, &s.recv_cq) {
+            r.detach_srq(srq.id);
+            srq.queues.set(srq.queues.get() - 1);
+        }
         s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need);
         if let Some(r) = &s.recv_cq {
             if !Rc::ptr_eq(r, &s.send_cq) {
@@ -989,6 +1057,19 @@ impl QueueShared {
                 format!("the queue has {sends} send WR(s) and {recvs} receive(s) not yet released; poll (or drain) first"),
             ));
         }
+        // A QP on an SRQ may have consumed receives whose completions are still to come: the last-WQE-reached
+        // rule (IBA 11.6.3: after the QP is in error, the device reports when it will consume no more).
+        if let (Some(srq), Some(r)) = (&self.srq, &self.recv_cq) {
+            let drained = self.last_wqe_at.get().is_some_and(|at| r.empty_polls() > at);
+            if srq.posted() > 0 && !drained && !st.send.is_abandoned() {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    "the QP may still complete receives from its SRQ: move it to the error state, wait for \
+                     IBV_EVENT_QP_LAST_WQE_REACHED, report it (sqd_queue_async_event), poll its receive CQ empty, \
+                     then free",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -1030,7 +1111,7 @@ impl QueueShared {
     }
 }
 
-fn call(handler: Option<&ReleaseHandler>, c: &Completion) {
+pub(crate) fn call(handler: Option<&ReleaseHandler>, c: &Completion) {
     match handler {
         Some(ReleaseHandler::Closure(f)) => f(c),
         Some(ReleaseHandler::Foreign(f)) => f.call(c),

@@ -14,6 +14,7 @@ pub mod error;
 pub mod queue;
 pub mod scripted;
 pub mod sim;
+pub mod srq;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

@@ -55,6 +55,9 @@ pub struct QueueAttr {
     pub release_ctx: *mut c_void,
     /// `SQD_QUEUE_*` bits; unknown bits are refused (`-EINVAL`).
     pub flags: u32,
+    /// The managed SRQ the QP receives from (`qp->srq`), or NULL. With an SRQ, `recv_cq` must be the QP's
+    /// receive CQ and `rq_depth` 0; receives are posted with `sqd_srq_post_recv`.
+    pub srq: *mut crate::srq::Srq,
 }
 
 /// Puts the RC QP `qp` under management and stores the new queue in `*out`.
@@ -112,7 +115,17 @@ pub extern "C" fn sqd_queue_new(
         };
         // SAFETY: the C caller promises `release` may be called with `release_ctx` while the queue exists.
         let release = attr.release.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, attr.release_ctx) }));
-        match Queue::new(send_cq, recv_cq, qp, config, release) {
+        let made = if attr.srq.is_null() {
+            Queue::new(send_cq, recv_cq, qp, config, release)
+        } else {
+            // SAFETY: a non-NULL `srq` comes from `sqd_srq_new` (the caller's promise).
+            let srq = unsafe { &*attr.srq };
+            match recv_cq {
+                Some(r) => Queue::with_srq(send_cq, r, srq, qp, config, release),
+                None => return fail(&Error::invalid("attr->srq is set but recv_cq is NULL: give the QP's receive CQ")),
+            }
+        };
+        match made {
             Ok(q) => {
                 *out = Box::into_raw(Box::new(q));
                 0

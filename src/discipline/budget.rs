@@ -61,6 +61,18 @@ impl CqBudget {
         Ok(())
     }
 
+    /// Reserves `need` CQEs for something shared by queues (an SRQ), without counting a queue.
+    pub fn reserve_extra(&mut self, need: u64, what: &str) -> Result<()> {
+        self.reserve(need, what)?;
+        self.queues -= 1;
+        Ok(())
+    }
+
+    pub fn release_extra(&mut self, need: u64) {
+        debug_assert!(need <= self.reserved);
+        self.reserved -= need;
+    }
+
     pub fn release(&mut self, need: u64) {
         debug_assert!(need <= self.reserved && self.queues > 0);
         self.reserved -= need;

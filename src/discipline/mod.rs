@@ -14,6 +14,7 @@ pub mod recv;
 pub mod ring;
 pub mod send;
 pub mod signal;
+pub mod srq;
 pub mod token;
 
 pub use backlog::Backlog;

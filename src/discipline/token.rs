@@ -40,6 +40,12 @@ impl Token {
             Direction::Send
         }
     }
+    /// The sequence field as carried (for tokens that name a slot, not a sequence).
+    #[inline]
+    pub fn field(self) -> u64 {
+        self.0 & SEQ_MASK
+    }
+
     /// The full sequence number, given the oldest sequence that can still be outstanding (`base`): the one
     /// sequence `>= base` whose low bits match.
     #[inline]

@@ -9,6 +9,7 @@ mod callback;
 pub mod control;
 mod cq;
 mod qp;
+mod srq;
 mod staged;
 pub mod verify;
 mod wr;
@@ -16,10 +17,11 @@ mod wr;
 pub use callback::{ForeignDeferred, ForeignRelease};
 pub use cq::CqHandle;
 pub use qp::{PostFailure, QpHandle};
+pub use srq::SrqHandle;
 pub use staged::{pump_backlog, StagedWr};
 pub use wr::{RecvChain, RecvWrPtr, SendChain, WrPtr};
 
-pub use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
+pub use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc};
 
 /// The rkey a receive completion says the sender invalidated (`IBV_WC_WITH_INV`), if any.
 #[inline]

@@ -67,8 +67,11 @@ impl QpHandle {
         unsafe { (*self.qp.as_ptr()).recv_cq }
     }
     pub fn has_srq(&self) -> bool {
+        !self.srq().is_null()
+    }
+    pub fn srq(&self) -> *mut rdma_sys::ibv_srq {
         // SAFETY: as above.
-        unsafe { !(*self.qp.as_ptr()).srq.is_null() }
+        unsafe { (*self.qp.as_ptr()).srq }
     }
 
     /// Posts a NULL-terminated chain that starts at `first` with one provider call (one doorbell).

@@ -1,0 +1,283 @@
+//! A managed shared receive queue: receives posted once, consumed by any of the queues attached to it.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Mutex;
+
+use crate::completion::{Completion, SQD_COMPLETION_RECV};
+use crate::discipline::srq::{SrqSlots, MAX_SRQS, SRQ_TOKEN_BASE};
+use crate::discipline::token::{Direction, Token};
+use crate::error::{Error, Result};
+use crate::queue::{call, RecvPostError, ReleaseHandler, MAX_DEPTH};
+use crate::verbs::{RecvChain, SrqHandle};
+
+/// Counters of a managed SRQ (`struct sqd_srq_stats` in C).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SrqStats {
+    /// The SRQ's depth (its granted `max_wr`).
+    pub depth: u32,
+    /// Receives posted and not yet released.
+    pub posted: u32,
+    /// Receives ever posted.
+    pub total_posted: u64,
+    /// Receive CQEs reaped.
+    pub cqes: u64,
+    /// CQEs naming no posted receive (dropped and counted).
+    pub stray_cqes: u64,
+    /// Queues attached.
+    pub queues: u32,
+    /// Times the low-watermark callback ran.
+    pub low_events: u32,
+}
+
+/// Ids for SRQ tokens, process-wide (an SRQ's receives may complete on any CQ).
+static SRQ_IDS: Mutex<Vec<bool>> = Mutex::new(Vec::new());
+
+fn take_id() -> Result<u32> {
+    let mut ids = SRQ_IDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = ids.iter().position(|used| !used) {
+        ids[i] = true;
+        return Ok(i as u32);
+    }
+    if ids.len() as u32 >= MAX_SRQS {
+        return Err(Error::new(libc::ENOSPC, format!("too many managed SRQs (at most {MAX_SRQS} at once)")));
+    }
+    ids.push(true);
+    Ok(ids.len() as u32 - 1)
+}
+
+fn give_id(id: u32) {
+    SRQ_IDS.lock().unwrap_or_else(|e| e.into_inner())[id as usize] = false;
+}
+
+pub(crate) struct SrqState {
+    slots: SrqSlots,
+    due: std::collections::VecDeque<Completion>,
+    low_armed: bool,
+    low_events: u32,
+}
+
+pub(crate) struct SrqShared {
+    handle: SrqHandle,
+    pub(crate) id: u32,
+    state: RefCell<SrqState>,
+    releasing: Cell<bool>,
+    release: Option<ReleaseHandler>,
+    low_watermark: u32,
+    low: Option<Box<dyn Fn(u32)>>,
+    pub(crate) queues: Cell<u32>,
+}
+
+/// An `ibv_srq` under management.
+///
+/// Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
+/// completion is reaped on any managed CQ where a queue attached to it completes receives. Not thread-safe.
+pub struct Srq {
+    pub(crate) shared: Rc<SrqShared>,
+}
+
+impl Srq {
+    /// Takes an SRQ of `depth` receives (its granted `max_wr`) under management. `low` runs (from a poll) each
+    /// time the number of posted receives drops below `low_watermark` (0: never), so the ULP can refill.
+    pub fn new(
+        handle: SrqHandle,
+        depth: u32,
+        release: Option<ReleaseHandler>,
+        low_watermark: u32,
+        low: Option<Box<dyn Fn(u32)>>,
+    ) -> Result<Srq> {
+        if depth == 0 || depth > MAX_DEPTH {
+            return Err(Error::invalid(format!("SRQ depth {depth} is outside 1..={MAX_DEPTH}")));
+        }
+        if low_watermark > depth {
+            return Err(Error::invalid(format!("low_watermark {low_watermark} is above the SRQ depth {depth}")));
+        }
+        let id = take_id()?;
+        Ok(Srq {
+            shared: Rc::new(SrqShared {
+                handle,
+                id,
+                state: RefCell::new(SrqState {
+                    slots: SrqSlots::new(depth),
+                    due: std::collections::VecDeque::new(),
+                    low_armed: true,
+                    low_events: 0,
+                }),
+                releasing: Cell::new(false),
+                release,
+                low_watermark,
+                low,
+                queues: Cell::new(0),
+            }),
+        })
+    }
+
+    pub fn depth(&self) -> u32 {
+        self.shared.state.borrow().slots.depth()
+    }
+
+    /// Posts a chain of receives (`EAGAIN` at the first beyond the depth).
+    pub fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
+        self.shared.post_recv(chain)
+    }
+
+    /// `EBUSY` while queues are attached or receives are posted (see [`Srq::release_all`]).
+    pub fn check_free(&self) -> Result<()> {
+        let q = self.shared.queues.get();
+        let posted = self.shared.state.borrow().slots.posted();
+        if q > 0 || posted > 0 || self.shared.releasing.get() {
+            return Err(Error::new(
+                libc::EBUSY,
+                format!("the SRQ has {q} queue(s) attached and {posted} receive(s) posted (or is running a callback)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// With no queue attached nothing can consume the posted receives any more (the SRQ is being destroyed, or
+    /// it is in error: `IBV_EVENT_SRQ_ERR`): release them all now with `IBV_WC_WR_FLUSH_ERR` and
+    /// `SQD_COMPLETION_NEVER_POSTED`. `EBUSY` while queues are attached.
+    pub fn release_all(&self) -> Result<()> {
+        if self.shared.queues.get() > 0 {
+            return Err(Error::new(libc::EBUSY, "queues are still attached to the SRQ: their QPs may consume its receives"));
+        }
+        {
+            let mut st = self.shared.state.borrow_mut();
+            let st = &mut *st;
+            st.slots.release_all(|r| st.due.push_back(Completion::from((r, true))));
+        }
+        self.shared.run_releases();
+        Ok(())
+    }
+
+    pub fn stats(&self) -> SrqStats {
+        let st = self.shared.state.borrow();
+        SrqStats {
+            depth: st.slots.depth(),
+            posted: st.slots.posted(),
+            total_posted: st.slots.total_posted,
+            cqes: st.slots.cqes,
+            stray_cqes: st.slots.stray_cqes,
+            queues: self.shared.queues.get(),
+            low_events: st.low_events,
+        }
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        give_id(self.shared.id);
+    }
+}
+
+impl SrqShared {
+    pub(crate) fn handle(&self) -> &SrqHandle {
+        &self.handle
+    }
+
+    pub(crate) fn depth(&self) -> u32 {
+        self.state.borrow().slots.depth()
+    }
+
+    pub(crate) fn posted(&self) -> u32 {
+        self.state.borrow().slots.posted()
+    }
+
+    fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
+        let Some(first) = chain.first() else { return Ok(()) };
+        let mut st = self.state.borrow_mut();
+        let mut ulp: Vec<(u64, u64)> = Vec::new();
+        let mut cur = Some(first);
+        let mut last = None;
+        let mut stop = None;
+        while let Some(w) = cur {
+            let (num_sge, list_null) = w.num_sge();
+            if num_sge < 0 || (num_sge > 0 && list_null) {
+                stop = Some(RecvPostError { error: Error::invalid(format!("receive WR has num_sge {num_sge} and a NULL or bad sg_list")), bad: w });
+                break;
+            }
+            let Some(field) = st.slots.admit(w.wr_id()) else {
+                stop = Some(RecvPostError {
+                    error: Error::new(libc::EAGAIN, format!("the SRQ is full (depth {})", st.slots.depth())),
+                    bad: w,
+                });
+                break;
+            };
+            ulp.push((w.wr_id(), field));
+            w.set_wr_id(Token::new(SRQ_TOKEN_BASE + self.id, Direction::Recv, field).0);
+            last = Some(w);
+            cur = w.next();
+        }
+        st.low_armed = st.low_armed || st.slots.posted() >= self.low_watermark;
+        let Some(last) = last else { return Err(stop.expect("nothing admitted means a stop")) };
+        let cut = last.next();
+        last.set_next(None);
+        let r = self.handle.post_chain(first);
+        last.set_next(cut);
+        let mut w = first;
+        for (i, (id, _)) in ulp.iter().enumerate() {
+            w.set_wr_id(*id);
+            if i + 1 < ulp.len() {
+                w = w.next().expect("run is linked");
+            }
+        }
+        match r {
+            Ok(()) => stop.map_or(Ok(()), Err),
+            Err(f) => {
+                for (_, field) in &ulp[f.posted..] {
+                    st.slots.rollback(*field);
+                }
+                let mut bad = first;
+                for _ in 0..f.posted {
+                    bad = bad.next().expect("run is linked");
+                }
+                Err(RecvPostError { error: Error::new(f.errno, format!("the provider's post_srq_recv failed (errno {})", f.errno)), bad })
+            }
+        }
+    }
+
+    /// Maps a receive CQE; the ULP's wr_id, or `None` for a stray. The release is handed out by `run_releases`.
+    pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
+        let mut st = self.state.borrow_mut();
+        let r = st.slots.on_cqe(token.field(), status, vendor_err, wc_opcode, remote_inv)?;
+        let mut c = Completion::from((r, true));
+        c.flags |= SQD_COMPLETION_RECV;
+        st.due.push_back(c);
+        Some(r.wr_id)
+    }
+
+    pub(crate) fn run_releases(&self) {
+        if self.releasing.replace(true) {
+            return;
+        }
+        struct Clear<'a>(&'a Cell<bool>);
+        impl Drop for Clear<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _clear = Clear(&self.releasing);
+        loop {
+            let next = self.state.borrow_mut().due.pop_front();
+            match next {
+                Some(c) => call(self.release.as_ref(), &c),
+                None => break,
+            }
+        }
+        let low = {
+            let mut st = self.state.borrow_mut();
+            let posted = st.slots.posted();
+            if st.low_armed && posted < self.low_watermark {
+                st.low_armed = false;
+                st.low_events += 1;
+                Some(posted)
+            } else {
+                None
+            }
+        };
+        if let (Some(posted), Some(f)) = (low, &self.low) {
+            f(posted);
+        }
+    }
+}
