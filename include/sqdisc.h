@@ -353,6 +353,11 @@ struct sqd_queue_stats {
      * Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
      */
     uint64_t verify_mismatches;
+    /**
+     * Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
+     * their SGE and inline storage, verification storage). Allocated once, at creation.
+     */
+    uint64_t bytes;
 };
 
 /**

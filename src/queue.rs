@@ -153,6 +153,9 @@ pub struct QueueStats {
     pub teardown_failures: u64,
     /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
     pub verify_mismatches: u64,
+    /// Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
+    /// their SGE and inline storage, verification storage). Allocated once, at creation.
+    pub bytes: u64,
 }
 
 pub(crate) enum CqeFate {
@@ -513,19 +516,7 @@ impl Queue {
 
     /// Bytes this queue allocated: its fixed part, slot records and backlog storage.
     pub fn footprint(&self) -> usize {
-        let st = self.shared.state.borrow();
-        let slot = std::mem::size_of::<crate::discipline::Slot>();
-        let mut n = std::mem::size_of::<QueueShared>() + st.send.ring_capacity() * slot;
-        if st.send.backlog_capacity() > 0 {
-            n += st.send.backlog_capacity() * StagedWr::new(self.shared.limits.max_send_sge, self.shared.limits.max_inline_data).footprint();
-        }
-        if let Some(r) = &st.recv {
-            n += (r.depth() as usize).next_power_of_two() * slot;
-        }
-        if let Some(v) = &st.verify {
-            n += v.footprint();
-        }
-        n
+        self.shared.footprint()
     }
 }
 
@@ -1073,7 +1064,25 @@ impl QueueShared {
         Ok(())
     }
 
+    /// Bytes this queue allocated: its fixed part, slot records, backlog and verification storage.
+    fn footprint(&self) -> usize {
+        let st = self.state.borrow();
+        let slot = std::mem::size_of::<crate::discipline::Slot>();
+        let mut n = std::mem::size_of::<QueueShared>() + st.send.ring_capacity() * slot;
+        if st.send.backlog_capacity() > 0 {
+            n += st.send.backlog_capacity() * StagedWr::footprint_for(self.limits.max_send_sge, self.limits.max_inline_data);
+        }
+        if let Some(r) = &st.recv {
+            n += (r.depth() as usize).next_power_of_two() * slot;
+        }
+        if let Some(v) = &st.verify {
+            n += v.footprint();
+        }
+        n
+    }
+
     fn stats(&self) -> QueueStats {
+        let bytes = self.footprint() as u64;
         let st = self.state.borrow();
         let c = &st.send.counters;
         let recv = st.recv.as_ref();
@@ -1107,6 +1116,7 @@ impl QueueShared {
             tracked_mrs: st.tracked.len() as u32,
             teardown_failures: st.teardown_failures,
             verify_mismatches: st.verify_mismatches,
+            bytes,
         }
     }
 }

@@ -341,3 +341,15 @@ on_both_devices!(
     a_long_chain_is_posted_in_few_doorbells_and_restored,
     completions_of_unmanaged_qps_pass_through_and_strays_are_counted,
 );
+
+#[test]
+fn a_queue_reports_its_memory() {
+    let small = Rig::new(config(128, 0, 0), 512);
+    let st = small.q().stats();
+    assert_eq!(st.bytes as usize, small.q().footprint());
+    // 128 slots of 16 bytes plus a fixed part; a backlog adds its entries.
+    assert!(st.bytes >= 128 * 16 && st.bytes < 128 * 16 + 4096, "{}", st.bytes);
+    let with_backlog = Rig::new(config(128, 0, 64), 512);
+    let per_entry = (with_backlog.q().stats().bytes - st.bytes) / 64;
+    assert!(per_entry >= 4 * 16 + 64, "a backlog entry holds 4 SGEs and 64 inline bytes: {per_entry}");
+}

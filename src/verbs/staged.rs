@@ -54,9 +54,9 @@ impl StagedWr {
         }
     }
 
-    /// Bytes of storage one entry takes.
-    pub fn footprint(&self) -> usize {
-        std::mem::size_of::<StagedWr>() + std::mem::size_of_val(&*self.sges) + self.inline.len()
+    /// Bytes of storage one entry of these limits takes.
+    pub fn footprint_for(max_sge: u32, max_inline: u32) -> usize {
+        std::mem::size_of::<StagedWr>() + max_sge.max(1) as usize * std::mem::size_of::<ibv_sge>() + max_inline as usize
     }
 
     /// Copies a checked WR (its shape and inline length fit this entry's storage).
