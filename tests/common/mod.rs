@@ -49,17 +49,28 @@ impl Chain {
     pub fn sends(ids: std::ops::Range<u64>, flags: u32) -> Chain {
         ids.fold(Chain::new(), |c, id| c.push(id, WR_SEND, flags, &[64]))
     }
-    /// Links the WRs and returns the head.
+    /// Links the WRs and returns the head. Every pointer comes from one base pointer per vector, so none is
+    /// invalidated by a later borrow of the vectors.
     pub fn link(&mut self) -> *mut ibv_send_wr {
-        for i in 0..self.wrs.len() {
-            self.wrs[i].sg_list = if self.sges[i].is_empty() { ptr::null_mut() } else { self.sges[i].as_mut_ptr() };
+        let n = self.wrs.len();
+        let base = self.wrs.as_mut_ptr();
+        let sge_lists: Vec<*mut ibv_sge> =
+            self.sges.iter_mut().map(|l| if l.is_empty() { ptr::null_mut() } else { l.as_mut_ptr() }).collect();
+        for (i, list) in sge_lists.into_iter().enumerate() {
+            // SAFETY: `i < n`; `base` points to `n` WRs; no reference into `self.wrs` is live.
+            unsafe {
+                let w = base.add(i);
+                (*w).sg_list = list;
+                (*w).next = if i + 1 < n { base.add(i + 1) } else { ptr::null_mut() };
+            }
         }
-        for i in (0..self.wrs.len()).rev() {
-            let next = if i + 1 < self.wrs.len() { ptr::addr_of_mut!(self.wrs[i + 1]) } else { ptr::null_mut() };
-            self.wrs[i].next = next;
+        if n == 0 {
+            ptr::null_mut()
+        } else {
+            base
         }
-        self.wrs.first_mut().map_or(ptr::null_mut(), |w| w as *mut _)
     }
+
     pub fn index_of(&self, p: *mut ibv_send_wr) -> Option<usize> {
         self.wrs.iter().position(|w| ptr::eq(w, p))
     }
@@ -164,16 +175,19 @@ impl<D: ?Sized + Scriptable> Rig<D> {
         // SAFETY: all-zero is a valid `ibv_recv_wr`.
         let mut wrs: Vec<ibv_recv_wr> = ids.clone().map(|_| unsafe { std::mem::zeroed() }).collect();
         let n = wrs.len();
+        let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
         for (i, id) in ids.enumerate() {
-            wrs[i].wr_id = id;
-            wrs[i].num_sge = 1;
-            wrs[i].sg_list = &mut sges[i];
-        }
-        for i in 0..n.saturating_sub(1) {
-            wrs[i].next = &mut wrs[i + 1];
+            // SAFETY: `i < n`; both pointers cover `n` elements; no reference into the vectors is live.
+            unsafe {
+                let w = base.add(i);
+                (*w).wr_id = id;
+                (*w).num_sge = 1;
+                (*w).sg_list = sge_base.add(i);
+                (*w).next = if i + 1 < n { base.add(i + 1) } else { ptr::null_mut() };
+            }
         }
         // SAFETY: the chain lives here for the whole call.
-        let r = self.q().post_recv(unsafe { RecvChain::from_raw(wrs.as_mut_ptr()) });
+        let r = self.q().post_recv(unsafe { RecvChain::from_raw(base) });
         r.map_err(|e| e.error.errno())
     }
 
