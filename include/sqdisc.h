@@ -334,7 +334,9 @@ struct sqd_queue_stats {
      */
     uint32_t signal_interval;
     /**
-     * An `enum ibv_wc_status` if a completion failed the queue, else 0.
+     * The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
+     * library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
+     * `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
      */
     uint32_t failed_status;
     /**

@@ -143,7 +143,9 @@ pub struct QueueStats {
     pub deferred: u32,
     /// The signal interval in force.
     pub signal_interval: u32,
-    /// An `enum ibv_wc_status` if a completion failed the queue, else 0.
+    /// The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
+    /// library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
+    /// `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
