@@ -208,8 +208,9 @@ struct SrqSide {
     /// Releases of a wr_id that was not outstanding (a second release, or one never posted).
     unexpected: Cell<u64>,
     commands: RefCell<HashMap<u64, Cmd>>,
-    /// Repost a buffer as soon as its receive is released.
+    /// Repost a buffer as soon as its receive is released; otherwise the buffer goes to `free`.
     refill: Cell<bool>,
+    free: RefCell<Vec<u64>>,
 }
 
 impl SrqSide {
@@ -228,6 +229,7 @@ impl SrqSide {
             unexpected: Cell::new(0),
             commands: RefCell::default(),
             refill: Cell::new(true),
+            free: RefCell::default(),
         })
     }
 
@@ -271,6 +273,8 @@ impl SrqSide {
             }
             if me.refill.get() && c.status == OK {
                 me.post(std::iter::once(slot)).expect("refilling the SRQ from its release callback");
+            } else {
+                me.free.borrow_mut().push(slot);
             }
         }))
     }
@@ -784,4 +788,728 @@ fn ten_thousand_queues_on_one_managed_cq() {
         f16_0,
         rss_queues / N as u64
     );
+}
+
+// ---- 3. event mode ----------------------------------------------------------------------------------------
+
+/// Raw pointers handed to the sleeper thread: the sim is thread-safe and its objects outlive the threads.
+#[derive(Clone, Copy)]
+struct P<T>(*mut T);
+// SAFETY: only sim objects, used by threads that end before the device is dropped.
+unsafe impl<T> Send for P<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for P<T> {}
+
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[derive(Debug, Default)]
+struct SleeperReport {
+    released: u64,
+    asked: u64,
+    visible: u64,
+    polls: u64,
+    arms: u64,
+    found_by_arm: u64,
+    sleeps: u64,
+    events: u64,
+    markers: u64,
+    parked: u64,
+    /// Set when the driver found the sleeper asleep with the sim idle and no event pending: a completion that
+    /// will never be reported.
+    stranded: Option<String>,
+}
+
+/// One seed: the sleeper thread owns the library's CQ and queue (all library calls happen there); the driver
+/// thread only steps the sim. `steps_per_poll` is 0, so only the driver advances time.
+fn event_mode_run(seed: u64, total: u64) -> SleeperReport {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    const SQ: u32 = 16;
+    const WINDOW: u64 = 40;
+    let cfg = SimConfig {
+        seed,
+        steps_per_poll: 0,
+        loss_ppm: 20_000,
+        ack_loss_ppm: 20_000,
+        wire_delay_min: 1,
+        wire_delay_max: 4,
+        ..SimConfig::default()
+    };
+    let src = Buf::new(64 * 64, 0x11);
+    let dst = Buf::new(64 * 64, 0);
+    let dev = SimDevice::new(&cfg).unwrap();
+    let (src_key, _) = reg(&dev, &src);
+    let (_, dst_rkey) = reg(&dev, &dst);
+    let ch = dev.create_comp_channel().unwrap();
+    let scq = dev.create_cq_ex(cq_depth_for(&[(SQ, 0)]) as i32, ch, ptr::null_mut(), 0).unwrap();
+    let pcq = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&mut qp_attr(scq, scq, SQ, 1)).unwrap();
+    let b = dev.create_qp(&mut qp_attr(pcq, pcq, SQ, 1)).unwrap();
+    dev.connect(a, b, &SimConnAttr::default()).unwrap();
+    // SAFETY: a live channel.
+    let fd = unsafe { (*ch).fd };
+    // SAFETY: plain system call.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(efd >= 0);
+    let (src_addr, dst_addr) = (src.addr(), dst.addr());
+    let (a, scq, ch) = (P(a), P(scq), P(ch));
+    let dev: &SimDevice = &dev;
+    let done = AtomicBool::new(false);
+    let asleep = AtomicBool::new(false);
+    let sleep_gen = AtomicU64::new(0);
+    let stranded = AtomicBool::new(false);
+
+    let report = std::thread::scope(|s| {
+        // The driver: advances time one step at a time. When the sleeper has been asleep through 200 steps in
+        // which the sim visited no QP (nothing in flight, nothing will ever complete) and its channel has no
+        // event, the sleeper would sleep forever: wake it through the eventfd and say so.
+        s.spawn(|| {
+            let (mut idle, mut gen) = (0u32, 0u64);
+            while !done.load(SeqCst) {
+                let before = dev.stats().qp_ticks;
+                dev.step(1);
+                idle = if dev.stats().qp_ticks == before { idle + 1 } else { 0 };
+                if asleep.load(SeqCst) {
+                    let g = sleep_gen.load(SeqCst);
+                    if g != gen {
+                        (gen, idle) = (g, 0);
+                    } else if idle >= 200 && !readable(fd) && asleep.load(SeqCst) && sleep_gen.load(SeqCst) == g {
+                        stranded.store(true, SeqCst);
+                        // SAFETY: our eventfd and an 8-byte counter.
+                        assert_eq!(unsafe { libc::write(efd, (&1u64 as *const u64).cast(), 8) }, 8);
+                        while asleep.load(SeqCst) {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+                std::thread::yield_now();
+            }
+        });
+        let sleeper = s.spawn(|| {
+            let (a, scq, ch) = (a, scq, ch); // whole wrappers, not their raw fields
+            let cq = Cq::new(cq_handle(scq.0));
+            let log = SendLog::default();
+            let qcfg = QueueConfig { sq_depth: SQ, max_send_sge: 4, max_inline_data: 64, backlog_depth: 64, ..QueueConfig::default() };
+            let q = Queue::new(&cq, None, qp_handle(a.0), qcfg, Some(send_logger(&log))).unwrap();
+            // SAFETY: plain system calls on our own fds.
+            let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            for (f, tag) in [(fd, 1u64), (efd, 2)] {
+                let mut e = libc::epoll_event { events: libc::EPOLLIN as u32, u64: tag };
+                // SAFETY: valid epoll fd, fd and event.
+                assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, f, &mut e) }, 0);
+            }
+            let mut rng = Rng(seed ^ 0x0ddba11);
+            let mut r = SleeperReport::default();
+            let mut signaled: HashSet<u64> = HashSet::new();
+            let (mut posted, mut unacked) = (0u64, 0u32);
+            // SAFETY: all-zero is a valid `ibv_wc`.
+            let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
+            let check = |n: usize, wc: &[ibv_wc], signaled: &mut HashSet<u64>, r: &mut SleeperReport| {
+                for w in &wc[..n] {
+                    assert_eq!(w.status, OK, "seed {seed}: completion {}", w.wr_id);
+                    assert!(signaled.remove(&w.wr_id), "seed {seed}: shown {} which was not asked for, or twice", w.wr_id);
+                }
+                r.visible += n as u64;
+            };
+            loop {
+                if log.borrow().len() as u64 == total {
+                    break;
+                }
+                let released = log.borrow().len() as u64;
+                // Phases of 50 WRs: a window of WINDOW WRs (more than the SQ: some park), then small bursts
+                // posted only once everything before is released (their unsignaled tails need markers).
+                let bursts = (posted / 50) % 2 == 1;
+                let window = if bursts { if posted == released { 1 } else { 0 } } else { WINDOW };
+                while posted < total && posted - released < window {
+                    let n = (1 + rng.below(6)).min(total - posted);
+                    let mut ws: Vec<W> = (posted..posted + n)
+                        .map(|id| {
+                            let sig = rng.below(5) == 0;
+                            if sig {
+                                signaled.insert(id);
+                                r.asked += 1;
+                            }
+                            let off = (id % 64) * 64;
+                            let flags = if sig { SIGNALED } else { 0 };
+                            wr(id, op::IBV_WR_RDMA_WRITE, flags, &[(src_addr + off, 64, src_key)]).rdma(dst_addr + off, dst_rkey)
+                        })
+                        .collect();
+                    qpost(&q, &mut ws).unwrap();
+                    posted += n;
+                    if bursts {
+                        break;
+                    }
+                }
+                // The sleeper's loop: poll; if nothing, arm (which polls again); only if still nothing, sleep.
+                r.polls += 1;
+                let n = cq.poll(&mut wc).unwrap();
+                check(n, &wc, &mut signaled, &mut r);
+                if n > 0 {
+                    continue;
+                }
+                r.arms += 1;
+                let n = cq.arm(false, &mut wc).unwrap();
+                check(n, &wc, &mut signaled, &mut r);
+                if n > 0 {
+                    r.found_by_arm += 1;
+                    continue;
+                }
+                if log.borrow().len() as u64 == posted {
+                    continue; // the arm's poll released the last WRs: nothing left to wait for
+                }
+                sleep_gen.fetch_add(1, SeqCst);
+                asleep.store(true, SeqCst);
+                let mut out = [libc::epoll_event { events: 0, u64: 0 }; 2];
+                // SAFETY: valid epoll fd and output array. The timeout only bounds a broken detector.
+                let woke = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 2, 600_000) };
+                asleep.store(false, SeqCst);
+                assert!(woke > 0, "seed {seed}: the stranding detector never fired");
+                r.sleeps += 1;
+                if stranded.load(SeqCst) {
+                    let s = q.stats();
+                    r.stranded = Some(format!(
+                        "asleep with {} of {posted} WRs unreleased ({} in the provider, {} parked), sim idle, no event: {s:?}",
+                        posted - log.borrow().len() as u64,
+                        s.in_provider,
+                        s.backlog
+                    ));
+                    break;
+                }
+                while let Ok((ecq, _)) = dev.get_cq_event(ch.0) {
+                    assert_eq!(ecq, scq.0);
+                    r.events += 1;
+                    unacked += 1;
+                }
+            }
+            if r.stranded.is_none() {
+                // Nothing is left unreported: every WR released in order, every asked completion shown, the CQ
+                // empty, the queue free to go.
+                check_send_log(&format!("seed {seed}"), &log.borrow(), total, false);
+                assert!(signaled.is_empty(), "seed {seed}: asked-for completions never shown: {signaled:?}");
+                assert_eq!(cq.poll(&mut wc).unwrap(), 0);
+                let s = q.stats();
+                assert_eq!((s.in_provider, s.backlog, s.stray_cqes), (0, 0, 0), "seed {seed}: {s:?}");
+                q.check_free().unwrap();
+                r.markers = s.markers;
+                r.parked = s.parked;
+            }
+            r.released = log.borrow().len() as u64;
+            while let Ok(_) = dev.get_cq_event(ch.0) {
+                unacked += 1;
+            }
+            dev.ack_cq_events(scq.0, unacked).unwrap();
+            // SAFETY: our epoll fd.
+            unsafe { libc::close(ep) };
+            drop(q);
+            drop(cq);
+            r
+        });
+        let r = sleeper.join().unwrap();
+        done.store(true, SeqCst);
+        r
+    });
+    // SAFETY: our eventfd.
+    unsafe { libc::close(efd) };
+    report
+}
+
+#[test]
+fn event_mode_sleeper_never_misses_a_completion() {
+    let seeds = scaled(1..=16u64, 1..=400);
+    let total = scaled(300, 2000);
+    let mut sum = SleeperReport::default();
+    let mut stranded = Vec::new();
+    for seed in seeds.clone() {
+        let r = event_mode_run(seed, total);
+        if let Some(s) = &r.stranded {
+            stranded.push(format!("seed {seed}: {s}"));
+            continue;
+        }
+        assert!(r.sleeps > 0 && r.events > 0, "seed {seed}: the sleeper never slept: {r:?}");
+        assert_eq!(r.released, total);
+        sum.released += r.released;
+        sum.asked += r.asked;
+        sum.visible += r.visible;
+        sum.polls += r.polls;
+        sum.arms += r.arms;
+        sum.found_by_arm += r.found_by_arm;
+        sum.sleeps += r.sleeps;
+        sum.events += r.events;
+        sum.markers += r.markers;
+        sum.parked += r.parked;
+    }
+    eprintln!("event mode, seeds {seeds:?}: {sum:?}");
+    assert_eq!(stranded, Vec::<String>::new(), "completions stranded in event mode");
+    assert!(sum.parked > 0 && sum.markers > 0, "the backlog and idle-tail markers were exercised: {sum:?}");
+}
+
+// ---- 4. the asynchronous event path -----------------------------------------------------------------------
+
+const EV_CQ_ERR: u32 = ev::IBV_EVENT_CQ_ERR as u32;
+
+/// What an async-event run saw: WRs released with a success, released as flushed without any CQE of their own
+/// having been polled, and CQEs swallowed after the event.
+#[derive(Debug, Default)]
+struct EventReport {
+    ok: u64,
+    flushed: u64,
+    never_posted: u64,
+    late_cqes: u64,
+    lost_cqes: u64,
+}
+
+/// Three managed queues on one CQ sized exactly by the budget rules, and a raw-verbs QP that shares the CQ
+/// without a budget (the ULP's bug): its signaled WRITEs overrun the CQ. The sim raises `IBV_EVENT_CQ_ERR` and
+/// delivers no CQE any more. `poll_first`: the ULP polls everything that is still there before the event
+/// reaches it; otherwise the event comes first.
+fn cq_overrun_run(seed: u64, poll_first: bool) -> EventReport {
+    const Q: usize = 3;
+    const SQ: u32 = 8;
+    const PER_QUEUE: u64 = 20;
+    let src = Buf::new(4096, 7);
+    let dst = Buf::new(4096, 0);
+    let dev = SimDevice::new(&SimConfig { seed, wire_delay_min: 1, wire_delay_max: 3, ..SimConfig::default() }).unwrap();
+    let (src_key, _) = reg(&dev, &src);
+    let (_, dst_rkey) = reg(&dev, &dst);
+    let depth = cq_depth_for(&[(SQ, 0); Q]);
+    let cq_raw = dev.create_cq(depth as i32).unwrap();
+    let pcq = dev.create_cq(1024).unwrap();
+    let mk = |cq| {
+        let a = dev.create_qp(&mut qp_attr(cq, cq, SQ, 1)).unwrap();
+        let b = dev.create_qp(&mut qp_attr(pcq, pcq, 64, 1)).unwrap();
+        dev.connect(a, b, &SimConnAttr::default()).unwrap();
+        a
+    };
+    let qps: Vec<*mut ibv_qp> = (0..Q).map(|_| mk(cq_raw)).collect();
+    let raw = dev.create_qp(&mut qp_attr(cq_raw, cq_raw, 64, 1)).unwrap();
+    let rb = dev.create_qp(&mut qp_attr(pcq, pcq, 64, 1)).unwrap();
+    dev.connect(raw, rb, &SimConnAttr::default()).unwrap();
+
+    let cq = Cq::new(cq_handle(cq_raw));
+    let logs: Vec<SendLog> = (0..Q).map(|_| SendLog::default()).collect();
+    let cfg = QueueConfig { sq_depth: SQ, max_send_sge: 4, max_inline_data: 64, backlog_depth: 16, ..QueueConfig::default() };
+    let queues: Vec<Queue> = qps.iter().zip(&logs).map(|(&qp, log)| Queue::new(&cq, None, qp_handle(qp), cfg, Some(send_logger(log))).unwrap()).collect();
+    let mut rng = Rng(seed);
+    for (k, q) in queues.iter().enumerate() {
+        let mut ws: Vec<W> = (0..PER_QUEUE)
+            .map(|i| {
+                let off = (k as u64 * PER_QUEUE + i) * 64;
+                let flags = if rng.below(6) == 0 { SIGNALED } else { 0 };
+                wr(i, op::IBV_WR_RDMA_WRITE, flags, &[(src.addr() + off, 64, src_key)]).rdma(dst.addr() + off, dst_rkey)
+            })
+            .collect();
+        qpost(q, &mut ws).unwrap();
+    }
+    for i in 0..40 {
+        assert_eq!(post1(raw, wr(1000 + i, op::IBV_WR_RDMA_WRITE, SIGNALED, &[]).rdma(0, 0)), 0);
+    }
+    // Time passes without a poll: the raw QP's CQEs fill the CQ.
+    dev.run_until_idle(5000).unwrap();
+    let lost = dev.stats().cq_overruns;
+    assert!(lost > 0, "seed {seed}: the CQ overran");
+    assert!(dev.violation_log().iter().any(|v| v.kind == SQD_SIM_VIOLATION_CQ_OVERRUN));
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.get_async_event()).collect();
+    assert_eq!(events[0], AsyncEvent { event_type: ev::IBV_EVENT_CQ_ERR, element: AsyncElement::Cq(cq_raw) }, "seed {seed}");
+    let fatal: HashSet<*mut ibv_qp> = events[1..]
+        .iter()
+        .map(|e| match (e.event_type, e.element) {
+            (ev::IBV_EVENT_QP_FATAL, AsyncElement::Qp(qp)) => qp,
+            _ => panic!("seed {seed}: unexpected event {e:?}"),
+        })
+        .collect();
+    assert_eq!(fatal, qps.iter().copied().chain([raw]).collect(), "seed {seed}: every QP on the CQ is fatal");
+
+    let mut shown_raw = 0;
+    let mut drain = |cq: &Cq| {
+        for _ in 0..100 {
+            let got = mpoll(cq);
+            if got.is_empty() {
+                return;
+            }
+            for w in got {
+                // Only the raw QP's CQEs pass through (unchanged); nothing of the managed queues is shown: their
+                // WRs were unsignaled or their CQEs lost, or they were already released by the event.
+                assert!(w.qp_num == qpn(raw) || w.status == OK, "seed {seed}: {w:?}");
+                shown_raw += (w.qp_num == qpn(raw)) as u64;
+            }
+        }
+        panic!("seed {seed}: the CQ does not drain");
+    };
+    let mut before_event = vec![0u64; Q];
+    if poll_first {
+        drain(&cq);
+        // Whatever was in the CQ has been polled; the rest of the WRs will never get a CQE.
+        for (k, q) in queues.iter().enumerate() {
+            let s = q.stats();
+            before_event[k] = s.released;
+            assert!(logs[k].borrow().iter().all(|r| r.1 == OK), "seed {seed}: queue {k}: nothing failed before the event");
+        }
+        assert!(queues.iter().any(|q| q.stats().released < PER_QUEUE), "seed {seed}: WRs are left without a CQE");
+    }
+    cq.on_async_event(EV_CQ_ERR).unwrap();
+    for (k, q) in queues.iter().enumerate() {
+        let s = q.stats();
+        assert_eq!((s.accepted, s.released, s.in_provider, s.backlog), (PER_QUEUE, PER_QUEUE, 0, 0), "seed {seed}: queue {k}: {s:?}");
+        for (i, r) in logs[k].borrow().iter().enumerate() {
+            if i as u64 >= before_event[k] {
+                assert_eq!(r.1, FLUSH, "seed {seed}: queue {k}: WR {i} was released by the event with a flush");
+            }
+        }
+    }
+    // The QP_FATAL of each QP comes too: nothing is left to release, nothing is released twice.
+    for q in &queues {
+        q.on_async_event(EV_QP_FATAL).unwrap();
+    }
+    drain(&cq);
+    assert!(shown_raw > 0 && shown_raw < 40, "seed {seed}: the raw QP's CQEs up to the overrun passed through: {shown_raw}");
+    let mut r = EventReport { lost_cqes: lost, ..EventReport::default() };
+    for (k, q) in queues.iter().enumerate() {
+        let what = format!("seed {seed}: queue {k}");
+        r.flushed += check_send_log(&what, &logs[k].borrow(), PER_QUEUE, true);
+        let log = logs[k].borrow();
+        r.ok += log.iter().filter(|x| x.1 == OK).count() as u64;
+        r.never_posted += log.iter().filter(|x| x.2 & SQD_COMPLETION_NEVER_POSTED != 0).count() as u64;
+        let s = q.stats();
+        assert_eq!(s.stray_cqes, 0, "{what}");
+        if poll_first {
+            assert_eq!(s.late_cqes, 0, "{what}: everything there was polled before the event");
+        }
+        r.late_cqes += s.late_cqes;
+        let mut more = [wr(99, op::IBV_WR_RDMA_WRITE, 0, &[]).rdma(0, 0)];
+        assert_eq!(qpost(q, &mut more).unwrap_err().0, libc::EIO, "{what}: a failed queue takes no WR");
+        q.check_free().unwrap();
+    }
+    if !poll_first {
+        assert_eq!(r.ok, 0, "seed {seed}: the event came first: everything flushed");
+    }
+    let cs = cq.stats();
+    assert_eq!((cs.stray, cs.passthrough), (0, shown_raw), "seed {seed}: {cs:?}");
+    drop(queues);
+    assert_eq!(cq.stats().reserved, 0);
+    r
+}
+
+#[test]
+fn a_cq_overrun_event_releases_every_queue_on_the_cq_once_without_cqes() {
+    for poll_first in [true, false] {
+        let mut sum = EventReport::default();
+        for seed in 1..=scaled(8u64, 400) {
+            let r = cq_overrun_run(seed, poll_first);
+            sum.ok += r.ok;
+            sum.flushed += r.flushed;
+            sum.never_posted += r.never_posted;
+            sum.late_cqes += r.late_cqes;
+            sum.lost_cqes += r.lost_cqes;
+        }
+        eprintln!("CQ overrun, {}: {sum:?}", if poll_first { "polled before the event" } else { "event first" });
+        assert!(sum.flushed > 0 && sum.never_posted > 0, "{sum:?}");
+        if poll_first {
+            assert!(sum.ok > 0, "CQEs before the overrun released WRs normally: {sum:?}");
+        } else {
+            assert!(sum.late_cqes > 0, "CQEs queued before the overrun were swallowed after the event: {sum:?}");
+        }
+    }
+}
+
+/// Two queues on one healthy CQ; the sim makes one QP fatal mid-run (`IBV_EVENT_QP_FATAL`). `event_first`:
+/// the event reaches the queue before any poll sees the QP's flushes; otherwise the ULP polls the flushes first.
+fn qp_fatal_run(seed: u64, event_first: bool) -> EventReport {
+    const SQ: u32 = 8;
+    const PER_QUEUE: u64 = 40;
+    let src = Buf::new(8192, 7);
+    let dst = Buf::new(8192, 0);
+    let cfg = SimConfig { seed, loss_ppm: 20_000, ack_loss_ppm: 20_000, wire_delay_min: 1, wire_delay_max: 3, ..SimConfig::default() };
+    let dev = SimDevice::new(&cfg).unwrap();
+    let (src_key, _) = reg(&dev, &src);
+    let (_, dst_rkey) = reg(&dev, &dst);
+    let cq_raw = dev.create_cq(cq_depth_for(&[(SQ, 0); 2]) as i32).unwrap();
+    let pcq = dev.create_cq(1024).unwrap();
+    let qps: Vec<*mut ibv_qp> = (0..2)
+        .map(|_| {
+            let a = dev.create_qp(&mut qp_attr(cq_raw, cq_raw, SQ, 1)).unwrap();
+            let b = dev.create_qp(&mut qp_attr(pcq, pcq, 64, 1)).unwrap();
+            dev.connect(a, b, &SimConnAttr::default()).unwrap();
+            a
+        })
+        .collect();
+    let cq = Cq::new(cq_handle(cq_raw));
+    let logs: Vec<SendLog> = (0..2).map(|_| SendLog::default()).collect();
+    let qcfg = QueueConfig { sq_depth: SQ, max_send_sge: 4, max_inline_data: 64, backlog_depth: 64, ..QueueConfig::default() };
+    let queues: Vec<Queue> = qps.iter().zip(&logs).map(|(&qp, log)| Queue::new(&cq, None, qp_handle(qp), qcfg, Some(send_logger(log))).unwrap()).collect();
+    let mut rng = Rng(seed);
+    for (k, q) in queues.iter().enumerate() {
+        let mut ws: Vec<W> = (0..PER_QUEUE)
+            .map(|i| {
+                let off = (k as u64 * PER_QUEUE + i) * 64;
+                wr(i, op::IBV_WR_RDMA_WRITE, 0, &[(src.addr() + off, 64, src_key)]).rdma(dst.addr() + off, dst_rkey)
+            })
+            .collect();
+        qpost(q, &mut ws).unwrap();
+    }
+    let at_step = dev.now() + 4 + rng.below(12);
+    dev.inject(&SimFault { at_step, ..SimFault::new(SQD_SIM_FAULT_QP_FATAL, qps[0]) }).unwrap();
+    let mut visible_flushes = 0;
+    let mut poll = |cq: &Cq| {
+        for w in mpoll(cq) {
+            assert_eq!((w.qp_num, w.status), (qpn(qps[0]), FLUSH), "seed {seed}: only the fatal QP's flushes are shown");
+            visible_flushes += 1;
+        }
+    };
+    // Run until the event arrives, polling as a ULP does (each poll advances the sim one step).
+    let event = loop {
+        if let Some(e) = dev.get_async_event() {
+            break e;
+        }
+        if event_first && dev.now() + 1 >= at_step {
+            dev.step(1); // the fatal step passes without a poll: its flushes wait in the CQ
+        } else {
+            poll(&cq);
+        }
+    };
+    assert_eq!(event, AsyncEvent { event_type: ev::IBV_EVENT_QP_FATAL, element: AsyncElement::Qp(qps[0]) });
+    if event_first {
+        assert!(queues[0].stats().released < PER_QUEUE, "seed {seed}: the failure caught WRs in flight");
+    } else {
+        for _ in 0..20 {
+            poll(&cq);
+        }
+        assert_eq!(queues[0].stats().released, PER_QUEUE, "seed {seed}: the flush CQEs released everything");
+    }
+    queues[0].on_async_event(EV_QP_FATAL).unwrap();
+    let s = queues[0].stats();
+    assert_eq!((s.released, s.in_provider, s.backlog, s.closed), (PER_QUEUE, 0, 0, 1), "seed {seed}: released at once: {s:?}");
+    // The healthy queue completes; the fatal QP's flushes that still arrive are swallowed.
+    for _ in 0..10_000 {
+        poll(&cq);
+        if queues[1].stats().released == PER_QUEUE {
+            break;
+        }
+    }
+    for _ in 0..20 {
+        poll(&cq);
+    }
+    let mut r = EventReport::default();
+    r.flushed = check_send_log(&format!("seed {seed}: fatal queue"), &logs[0].borrow(), PER_QUEUE, true);
+    assert_eq!(check_send_log(&format!("seed {seed}: healthy queue"), &logs[1].borrow(), PER_QUEUE, false), 0);
+    assert!(r.flushed > 0);
+    let s0 = queues[0].stats();
+    r.never_posted = logs[0].borrow().iter().filter(|x| x.2 & SQD_COMPLETION_NEVER_POSTED != 0).count() as u64;
+    r.ok = PER_QUEUE - r.flushed;
+    r.late_cqes = s0.late_cqes;
+    if event_first {
+        assert_eq!(visible_flushes, 0, "seed {seed}: released by the event, its flushes are not shown");
+        assert!(s0.late_cqes > 0, "seed {seed}: the flushes still came and were swallowed: {s0:?}");
+    } else {
+        assert_eq!(s0.late_cqes, 0, "seed {seed}: {s0:?}");
+        assert!(visible_flushes > 0, "seed {seed}: the flushes were shown as raw verbs shows them");
+    }
+    let cs = cq.stats();
+    assert_eq!((cs.stray, cs.passthrough, s0.stray_cqes), (0, 0, 0), "seed {seed}: {cs:?}");
+    for q in &queues {
+        q.check_free().unwrap();
+    }
+    assert_eq!(dev.violation_log(), vec![]);
+    r
+}
+
+#[test]
+fn a_qp_fatal_event_releases_the_queue_once_whether_it_comes_before_or_after_the_flushes() {
+    for event_first in [true, false] {
+        let mut sum = EventReport::default();
+        for seed in 1..=scaled(16u64, 1000) {
+            let r = qp_fatal_run(seed, event_first);
+            sum.ok += r.ok;
+            sum.flushed += r.flushed;
+            sum.never_posted += r.never_posted;
+            sum.late_cqes += r.late_cqes;
+        }
+        eprintln!("QP fatal, {}: {sum:?}", if event_first { "event first" } else { "flushes polled first" });
+        assert!(sum.never_posted > 0, "parked WRs were released as never posted: {sum:?}");
+    }
+}
+
+// ---- 5. SRQ details ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Default)]
+struct SrqReport {
+    messages: u64,
+    low_calls: u64,
+    min_posted_at_low: u32,
+    rnr_naks: u64,
+    rnr_exhausted: u64,
+    never_posted: u64,
+    /// Low-watermark callbacks during the teardown (from `release_all`).
+    calls_in_teardown: u64,
+}
+
+/// Eight raw-verbs senders, eight target QPs managed by queues on one CQ, one managed SRQ of 64 receives
+/// whose low-watermark callback (at 24) refills it (`refill`), or only counts (the control run).
+fn srq_run(seed: u64, refill: bool, per_sender: u64) -> SrqReport {
+    const SENDERS: usize = 8;
+    const DEPTH: u32 = 64;
+    const LOW: u32 = 24;
+    const WINDOW: u64 = 16;
+    let cfg = SimConfig {
+        seed,
+        loss_ppm: 10_000,
+        ack_loss_ppm: 10_000,
+        wire_delay_min: 1,
+        wire_delay_max: 2,
+        tx_per_step: 1,
+        ..SimConfig::default()
+    };
+    let src = Buf::new(4096, 0x3c);
+    let srq_bufs = Buf::new(DEPTH as usize * RBUF as usize, 0);
+    let dev = SimDevice::new(&cfg).unwrap();
+    let (src_key, _) = reg(&dev, &src);
+    let (srq_key, _) = reg(&dev, &srq_bufs);
+    let icq = dev.create_cq(1024).unwrap();
+    let tcq_raw = dev.create_cq((cq_depth_for(&[(4, 0); SENDERS]) + DEPTH as u64) as i32).unwrap();
+    let srq_raw = dev.create_srq(&mut srq_attr(DEPTH)).unwrap();
+    // Finite RNR retries: a starving SRQ exhausts them.
+    let conn = SimConnAttr { rnr_retry: 2, ..SimConnAttr::default() };
+    let (mut senders, mut targets) = (Vec::new(), Vec::new());
+    for _ in 0..SENDERS {
+        let i = dev.create_qp(&mut qp_attr(icq, icq, WINDOW as u32, 1)).unwrap();
+        let mut ta = qp_attr(tcq_raw, tcq_raw, 4, 0);
+        ta.srq = srq_raw;
+        let t = dev.create_qp(&mut ta).unwrap();
+        dev.connect(i, t, &conn).unwrap();
+        senders.push(i);
+        targets.push(t);
+    }
+    let by_qpn: HashMap<u32, usize> = senders.iter().enumerate().map(|(k, &q)| (qpn(q), k)).collect();
+
+    let tcq = Cq::new(cq_handle(tcq_raw));
+    let side = SrqSide::new(DEPTH, srq_bufs, srq_key);
+    side.refill.set(false);
+    let low_calls: Rc<RefCell<Vec<u32>>> = Rc::default();
+    // Set once the targets are torn down: the callback then only counts (the library also runs it from
+    // `release_all`, whose receives the device still holds: a refill then would be refused).
+    let stopping = Rc::new(Cell::new(false));
+    let low = {
+        let (side, calls, stopping) = (Rc::downgrade(&side), low_calls.clone(), stopping.clone());
+        Box::new(move |posted: u32| {
+            let side = side.upgrade().unwrap();
+            calls.borrow_mut().push(posted);
+            assert!(posted < LOW, "the low-watermark callback ran with {posted} receives posted (watermark {LOW})");
+            let srq = side.srq.borrow().upgrade().unwrap();
+            assert_eq!(srq.stats().posted, posted);
+            if refill && !stopping.get() {
+                let free: Vec<u64> = side.free.borrow_mut().drain(..).collect();
+                side.post(free.into_iter()).expect("refilling from the low-watermark callback");
+                assert_eq!(srq.stats().posted, DEPTH, "refilled to the depth");
+            }
+        }) as Box<dyn Fn(u32)>
+    };
+    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    let srq = Rc::new(Srq::new(unsafe { SrqHandle::from_raw(srq_raw) }.unwrap(), DEPTH, Some(side.release_handler()), LOW, Some(low)).unwrap());
+    *side.srq.borrow_mut() = Rc::downgrade(&srq);
+    let qcfg = QueueConfig { sq_depth: 4, max_send_sge: 4, max_inline_data: 64, ..QueueConfig::default() };
+    let mut queues: Vec<Option<Queue>> =
+        targets.iter().map(|&t| Some(Queue::with_srq(&tcq, &tcq, &srq, qp_handle(t), qcfg, None).unwrap())).collect();
+    assert_eq!(srq.stats().queues, SENDERS as u32);
+    side.post(0..DEPTH as u64).unwrap();
+    assert_eq!(srq_post(&srq, &[(1, side.bufs.addr(), 8, srq_key)]).unwrap_err(), libc::EAGAIN, "full");
+
+    let (mut issued, mut done, mut failed) = (vec![0u64; SENDERS], vec![0u64; SENDERS], vec![false; SENDERS]);
+    let mut r = SrqReport { min_posted_at_low: u32::MAX, ..SrqReport::default() };
+    for it in 0.. {
+        assert!(it < 1_000_000, "seed {seed}: no end in sight");
+        if (0..SENDERS).all(|k| failed[k] || done[k] == per_sender) {
+            break;
+        }
+        for k in 0..SENDERS {
+            while !failed[k] && issued[k] < per_sender && issued[k] < done[k] + WINDOW {
+                let w = wr(issued[k], op::IBV_WR_SEND, SIGNALED, &[(src.addr(), 32, src_key)]);
+                assert_eq!(post1(senders[k], w), 0);
+                issued[k] += 1;
+            }
+        }
+        for w in poll(icq, 64) {
+            let k = by_qpn[&w.qp_num];
+            if w.status == st::IBV_WC_RNR_RETRY_EXC_ERR {
+                r.rnr_exhausted += 1;
+            }
+            if w.status != OK {
+                failed[k] = true;
+                continue;
+            }
+            assert_eq!(w.wr_id, done[k]);
+            done[k] += 1;
+        }
+        for w in mpoll(&tcq) {
+            assert_eq!((w.status, w.opcode, w.byte_len), (OK, ibv_wc_opcode::IBV_WC_RECV, 32), "seed {seed}");
+            assert!(side.commands.borrow_mut().remove(&w.wr_id).is_some(), "seed {seed}: released before it was shown");
+            r.messages += 1;
+        }
+    }
+    // Free the targets by the last-WQE rule; the SRQ's receives stay posted until `release_all`.
+    stopping.set(true);
+    let calls_before_teardown = low_calls.borrow().len();
+    for k in 0..SENDERS {
+        let q = queues[k].as_ref().unwrap();
+        assert_eq!(srq.release_all().unwrap_err().errno(), libc::EBUSY, "queues still attached");
+        dev.set_error(targets[k]).unwrap();
+        let e = dev.get_async_event().unwrap();
+        assert_eq!(e, AsyncEvent { event_type: ev::IBV_EVENT_QP_LAST_WQE_REACHED, element: AsyncElement::Qp(targets[k]) });
+        if srq.stats().posted > 0 {
+            assert_eq!(q.check_free().unwrap_err().errno(), libc::EBUSY, "seed {seed}: the QP could still take a receive");
+        }
+        q.on_async_event(EV_LAST_WQE).unwrap();
+        assert!(mpoll(&tcq).is_empty());
+        q.check_free().unwrap();
+        queues[k] = None;
+    }
+    let before = srq.stats();
+    if before.posted > 0 {
+        assert_eq!(srq.check_free().unwrap_err().errno(), libc::EBUSY, "receives are still posted");
+    }
+    let np_before = side.released_never_posted.get();
+    srq.release_all().unwrap();
+    let ss = srq.stats();
+    r.never_posted = side.released_never_posted.get() - np_before;
+    assert_eq!(r.never_posted, before.posted as u64, "seed {seed}: release_all released every posted receive as never consumed");
+    assert_eq!((ss.posted, ss.queues, ss.stray_cqes, ss.depth), (0, 0, 0, DEPTH));
+    assert_eq!(ss.total_posted, side.posts.get(), "seed {seed}: total_posted counts every receive posted");
+    assert_eq!(ss.cqes, r.messages, "seed {seed}: one CQE per message received");
+    assert_eq!(ss.cqes, side.released_ok.get());
+    assert_eq!(ss.total_posted, ss.cqes + side.released_never_posted.get(), "seed {seed}: every receive released once");
+    assert_eq!((side.unexpected.get(), side.released_other.get()), (0, 0), "seed {seed}");
+    assert!(side.outstanding.borrow().is_empty());
+    assert_eq!(ss.low_events as usize, low_calls.borrow().len(), "seed {seed}: low_events counts the callbacks");
+    srq.check_free().unwrap();
+    assert_eq!(tcq.stats().reserved, 0, "the SRQ's reservation left with its last queue");
+    r.calls_in_teardown = (low_calls.borrow().len() - calls_before_teardown) as u64;
+    r.low_calls = calls_before_teardown as u64;
+    r.min_posted_at_low = low_calls.borrow()[..calls_before_teardown].iter().copied().min().unwrap_or(u32::MAX);
+    r.rnr_naks = dev.stats().rnr_naks;
+    if refill {
+        assert!(done.iter().all(|&d| d == per_sender), "seed {seed}: every message was received: {done:?}");
+        assert_eq!(r.messages, SENDERS as u64 * per_sender);
+    }
+    assert_eq!(dev.violation_log(), vec![]);
+    drop(srq);
+    r
+}
+
+#[test]
+fn srq_low_watermark_refill_keeps_the_srq_from_starving_and_release_all_returns_the_rest() {
+    let per_sender = scaled(100, 5000);
+    for seed in 1..=scaled(4u64, 40) {
+        let r = srq_run(seed, true, per_sender);
+        eprintln!("SRQ refilled at the low watermark, seed {seed}: {r:?}");
+        assert!(r.low_calls > 1, "seed {seed}: the watermark was crossed again and again: {r:?}");
+        assert_eq!((r.rnr_naks, r.rnr_exhausted), (0, 0), "seed {seed}: the SRQ never ran dry: {r:?}");
+        // The control: the same traffic with a callback that does not refill starves the SRQ.
+        let c = srq_run(seed, false, per_sender);
+        eprintln!("SRQ not refilled, seed {seed}: {c:?}");
+        assert_eq!(c.low_calls, 1, "seed {seed}: fired once, then not re-armed without a post: {c:?}");
+        assert!(c.rnr_naks > 0 && c.rnr_exhausted > 0, "seed {seed}: without the refill the senders run out of RNR retries: {c:?}");
+        assert_eq!(c.messages, 64, "seed {seed}: exactly the SRQ's receives were consumed");
+    }
 }
