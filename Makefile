@@ -165,6 +165,12 @@ check:
 	$(MAKE) --no-print-directory check-install
 	@echo 'make check: all steps passed'
 
+# The target-scale tests of tests/target.rs scaled up by SQDISC_SOAK=1 (more seeds, connections run longer,
+# more traffic through the 10,000 queues): minutes. A debug build, so the library's debug assertions run too.
+.PHONY: soak
+soak:
+	SQDISC_SOAK=1 $(CARGO) test --test target -- --nocapture --test-threads=1
+
 # ---- examples --------------------------------------------------------------------------------------------
 
 # examples/NAME.c -> build/examples/NAME, built only from the staged install through pkg-config.
