@@ -191,3 +191,26 @@ demo:
 clean:
 	rm -rf $(BUILD)
 	$(CARGO) clean
+
+# ---- benchmarks ------------------------------------------------------------------------------------------
+
+# Built against a private staged install, so that a concurrent `make stage` cannot swap the library mid-run.
+BENCH_STAGE := $(CURDIR)/$(BUILD)/bench/stage
+BENCH_STAGE_VARS := DESTDIR=$(BENCH_STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
+	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
+
+.PHONY: bench bench-guard bench-stage
+
+bench-stage:
+	rm -rf $(BENCH_STAGE)
+	$(MAKE) --no-print-directory install $(BENCH_STAGE_VARS)
+
+# Instructions, CQEs, doorbells, allocations per WR, memory, scaling, profiles: docs/PERFORMANCE.md, docs/perf/.
+bench:
+	$(MAKE) --no-print-directory bench-stage
+	CC='$(CC)' CARGO='$(CARGO)' bash scripts/bench.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
+
+# Cheap, untimed regression guard: no allocation per WR, instruction ratio with wide headroom.
+bench-guard:
+	$(MAKE) --no-print-directory bench-stage
+	CC='$(CC)' bash scripts/bench-guard.sh $(BENCH_STAGE) $(STAGE_LIBDIR)

@@ -1,0 +1,52 @@
+# Shared by scripts/bench.sh and scripts/bench-guard.sh (sourced, not run).
+#
+# bench_init STAGE_DIR LIBDIR_IN_STAGE   sets $root, $out, $bin and builds, against the staged install and only
+#                                        through pkg-config (as a user would), build/bench/bin/sqd_bench and
+#                                        build/bench/bin/alloc_count.so
+# cg_total [valgrind options --] ARGS    instructions callgrind counts for one run of sqd_bench ARGS
+# per_wr FULL ZERO N                     (FULL - ZERO) / N with one decimal
+# kv KEY LINE                            the value of KEY=... in a key=value line
+
+bench_init() {
+    local stage=$1 libdir=$2
+    root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    out=$root/build/bench
+    bin=$out/bin
+    local lib=$stage$libdir
+    if [ ! -f "$lib/pkgconfig/sqdisc.pc" ]; then
+        echo "bench: no staged install in $stage" >&2
+        exit 1
+    fi
+    bench_pc() {
+        PKG_CONFIG_SYSROOT_DIR=$stage PKG_CONFIG_PATH=$lib/pkgconfig \
+            PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
+    }
+    local cflags libs
+    read -r -a cflags <<< "$(bench_pc --cflags sqdisc)"
+    read -r -a libs <<< "$(bench_pc --libs sqdisc)"
+    mkdir -p "$bin"
+    local cc=${CC:-cc} strict=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
+    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" -o "$bin/sqd_bench" "${libs[@]}" \
+        -Wl,-rpath,"$lib"
+    "$cc" "${strict[@]}" -O2 -fPIC -shared "$root/benches/alloc_count.c" -o "$bin/alloc_count.so"
+}
+
+cg_total() {
+    local vg=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do vg+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    local log
+    log=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "${vg[@]}" "$bin/sqd_bench" "$@" 2>&1 >/dev/null) || {
+        echo "bench: sqd_bench $* failed under callgrind:" >&2
+        echo "$log" >&2
+        exit 1
+    }
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' <<< "$log"
+}
+
+per_wr() { awk -v f="$1" -v z="$2" -v n="$3" 'BEGIN { printf "%.1f", (f - z) / n }'; }
+
+kv() { tr ' ' '\n' <<< "$2" | sed -n "s/^$1=//p"; }
+
+# The callgrind options that count only the software HCA's ops (its post_send, poll_cq...), inclusive.
+SIM_ONLY=('--toggle-collect=sqdisc::sim::ops::*')

@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# `make bench`: what sqdisc costs per WR, against raw verbs, on the software HCA's null mode. Prints one report
+# (markdown) and writes it into docs/PERFORMANCE.md between the bench:begin/bench:end markers, with the
+# machine, the commit and the command; the callgrind profiles of the sqdisc poster go to docs/perf/.
+#
+# Instructions are counted by callgrind (deterministic): each figure is (run of warm-up + N WRs - run of
+# warm-up + 0 WRs) / N. "sim" is the part of it spent in the software HCA's ops (post_send, poll_cq), counted the
+# same way with --toggle-collect; "excl. sim" is the rest: the poster's own work (library + ULP loop). CQEs and
+# doorbells per WR come from sqd_sim_stats (and agree with sqd_queue_stats), allocations from
+# benches/alloc_count.so preloaded into a native run. Wall-clock ns/WR are medians of native repetitions:
+# information only, nothing is asserted on them.
+#
+# usage: scripts/bench.sh STAGE_DIR LIBDIR_IN_STAGE      (make bench stages a private install and calls this)
+# env:   BENCH_N (WRs per counted run, default 20000), BENCH_TIME_N (WRs per timed repetition, default 200000),
+#        BENCH_REPS (timed repetitions, default 5), BENCH_NO_DOC=1 (print only, leave docs/ alone)
+set -euo pipefail
+source "$(dirname "$0")/bench-lib.sh"
+bench_init "$1" "$2"
+cd "$root"
+
+N=${BENCH_N:-20000}
+TIME_N=${BENCH_TIME_N:-200000}
+REPS=${BENCH_REPS:-5}
+DEPTH=128
+INTERVAL=$((DEPTH / 4))
+BATCHES=(1 8 32)
+SGES=(1 4)
+POSTERS=(raw-signal raw-moderated sqdisc)
+SCALE_QUEUES=(1 100 1000 10000)
+SCALE_DEPTH=16
+SCALE_POLL=8
+
+report=$out/report.md
+: > "$report"
+emit() { printf '%s\n' "$*" >> "$report"; }
+note() { printf '%s\n' "$*" >&2; }
+
+# ---- posters ------------------------------------------------------------------------------------------------
+
+declare -A instr sim excl cqes bells allocs ns
+for b in "${BATCHES[@]}"; do
+    for s in "${SGES[@]}"; do
+        for p in "${POSTERS[@]}"; do
+            k=$p/$b/$s
+            args=("$p" -b "$b" -s "$s" -d "$DEPTH")
+            full=$(cg_total -- "${args[@]}" -n "$N")
+            zero=$(cg_total -- "${args[@]}" -n 0)
+            sfull=$(cg_total "${SIM_ONLY[@]}" -- "${args[@]}" -n "$N")
+            szero=$(cg_total "${SIM_ONLY[@]}" -- "${args[@]}" -n 0)
+            instr[$k]=$(per_wr "$full" "$zero" "$N")
+            sim[$k]=$(per_wr "$sfull" "$szero" "$N")
+            excl[$k]=$(awk -v a="${instr[$k]}" -v s="${sim[$k]}" 'BEGIN { printf "%.1f", a - s }')
+            line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/sqd_bench" "${args[@]}" -n "$N")
+            cqes[$k]=$(kv cqes_per_wr "$line")
+            bells[$k]=$(kv doorbells_per_wr "$line")
+            allocs[$k]=$(kv allocs_per_wr "$line")
+            if [ "$p" = sqdisc ]; then
+                # sqd_queue_stats must tell the same story as the sim's counters.
+                [ "$(kv q_send_cqes "$line")" = "$(kv cqes "$line")" ] && [ "$(kv q_doorbells "$line")" = "$(kv doorbells "$line")" ] \
+                    || { note "bench: sqd_queue_stats disagrees with sqd_sim_stats: $line"; exit 1; }
+                [ "$(kv q_parked "$line")" = 0 ] || { note "bench: WRs went through the backlog: $line"; exit 1; }
+            fi
+            tline=$("$bin/sqd_bench" "${args[@]}" -n "$TIME_N" -r "$REPS")
+            ns[$k]=$(kv ns_per_wr_median "$tline")
+            note "$(printf '%-13s batch %2s sges %s: %8s instr/WR (sim %7s) cqes/WR %s doorbells/WR %s allocs/WR %s %s ns/WR' \
+                "$p" "$b" "$s" "${instr[$k]}" "${sim[$k]}" "${cqes[$k]}" "${bells[$k]}" "${allocs[$k]}" "${ns[$k]}")"
+        done
+    done
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+# ---- scaling ------------------------------------------------------------------------------------------------
+
+declare -A poll poll_excl d1 ll scale_ns
+for q in "${SCALE_QUEUES[@]}"; do
+    warm=$((2 * q > 1024 ? 2 * q : 1024))
+    args=(scale -q "$q" -d "$SCALE_DEPTH" -p "$SCALE_POLL" -w "$warm")
+    pf=$(cg_total --toggle-collect=sqd_cq_poll -- "${args[@]}" -n "$N")
+    pz=$(cg_total --toggle-collect=sqd_cq_poll -- "${args[@]}" -n 0)
+    # Toggling on sqd_cq_poll and again on the sim's poll_cq inside it counts sqd_cq_poll without the sim.
+    ef=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc::sim::ops::poll_cq' -- "${args[@]}" -n "$N")
+    ez=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc::sim::ops::poll_cq' -- "${args[@]}" -n 0)
+    poll[$q]=$(per_wr "$pf" "$pz" "$N")
+    poll_excl[$q]=$(per_wr "$ef" "$ez" "$N")
+    # Simulated cache misses (callgrind's cache model) inside sqd_cq_poll, without the sim: D1 and LL, per CQE.
+    cache() {
+        valgrind --tool=callgrind --callgrind-out-file=/dev/null --cache-sim=yes --toggle-collect=sqd_cq_poll \
+            '--toggle-collect=sqdisc::sim::ops::poll_cq' "$bin/sqd_bench" "${args[@]}" -n "$1" 2>&1 >/dev/null \
+            | sed -n 's/.*Collected : //p'
+    }
+    read -r -a cf <<< "$(cache "$N")"
+    read -r -a cz <<< "$(cache 0)"
+    # Events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw
+    d1[$q]=$(awk -v a=$((cf[4] + cf[7])) -v b=$((cz[4] + cz[7])) -v n="$N" 'BEGIN { printf "%.2f", (a - b) / n }')
+    ll[$q]=$(awk -v a=$((cf[5] + cf[8])) -v b=$((cz[5] + cz[8])) -v n="$N" 'BEGIN { printf "%.2f", (a - b) / n }')
+    tline=$("$bin/sqd_bench" "${args[@]}" -n "$TIME_N" -r "$REPS")
+    scale_ns[$q]=$(kv ns_per_wr_median "$tline")
+    note "$(printf 'scale %5s queues: sqd_cq_poll %s instr/CQE (excl. sim %s), D1 %s LL %s misses/CQE, %s ns/WR' \
+        "$q" "${poll[$q]}" "${poll_excl[$q]}" "${d1[$q]}" "${ll[$q]}" "${scale_ns[$q]}")"
+done
+
+# ---- memory -------------------------------------------------------------------------------------------------
+
+note "memory: cargo bench --bench footprint"
+fp=$(${CARGO:-cargo} bench -q --bench footprint 2>/dev/null | grep '=')
+slot=$(sed -n 's/^slot_bytes=//p' <<< "$fp")
+declare -A foot heap heap_allocs
+for d in 128 1024; do
+    for k in 0 "$d"; do
+        foot[$d/$k]=$(sed -n "s/^depth=$d backlog=$k .*footprint=//p" <<< "$fp")
+        line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/sqd_bench" memory -d "$d" -k "$k" -s 4)
+        heap[$d/$k]=$(kv heap_bytes "$line")
+        heap_allocs[$d/$k]=$(kv allocs "$line")
+    done
+done
+per_slot() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (a - b) / (1024 - 128) }'; }
+
+# ---- profiles -----------------------------------------------------------------------------------------------
+
+mkdir -p docs/perf "$out/cg"
+# split ARGS...: instructions per WR inside sqd_post_send and sqd_cq_poll (each without the sim's op it calls), in
+# run_releases, and in the sim's post_send and poll_cq; the rest of the measured loop is the ULP's own.
+split() {
+    local t
+    for t in "sqd_post_send sqdisc::sim::ops::post_send" "sqd_cq_poll sqdisc::sim::ops::poll_cq" \
+        sqdisc::queue::QueueShared::run_releases sqdisc::sim::ops::post_send sqdisc::sim::ops::poll_cq; do
+        local opts=() f
+        for f in $t; do opts+=("--toggle-collect=$f"); done
+        per_wr "$(cg_total "${opts[@]}" -- "$@" -n "$N")" "$(cg_total "${opts[@]}" -- "$@" -n 0)" "$N"
+        echo
+    done
+}
+profile() { # batch -> docs/perf/sqdisc-batchB.txt
+    local b=$1 f=$out/cg/sqdisc-b$1.out dst=docs/perf/sqdisc-batch$1.txt
+    local args=(sqdisc -b "$b" -s 1 -d "$DEPTH")
+    valgrind --tool=callgrind --callgrind-out-file="$f" --toggle-collect=measured "$bin/sqd_bench" "${args[@]}" -n "$N" \
+        > /dev/null 2>&1
+    local parts
+    mapfile -t parts < <(split "${args[@]}")
+    local total=${instr[sqdisc/$b/1]} wrs=$((N + 1024))
+    # callgrind_annotate lines "  1,234 (12.34%)  file:function [object]" with a first column added: per WR.
+    local per='{ line = $0; if (match(line, /^ *[0-9,]+ /)) { v = substr(line, RSTART, RLENGTH); gsub(/[ ,]/, "", v);
+                 printf "%9.1f  %s\n", v / n, line } else print line }'
+    # Self cost merged by function: inlined code is listed under the file it came from, once per file.
+    local merge='/^ *[0-9,]+ \([ 0-9.]+%\)  / { v = $1; gsub(/,/, "", v); l = $0; sub(/^ *[0-9,]+ \([ 0-9.]+%\)  /, "", l);
+                 sub(/ \[[^]]*\]$/, "", l); fn = l; if (fn !~ /^\?\?\?:/) sub(/^[^:]*:/, "", fn); else fn = substr(fn, 5);
+                 s[fn] += v } END { for (x in s) if (s[x] / n >= 0.5) printf "%9.1f  %s\n", s[x] / n, x }'
+    {
+        echo "callgrind profile of the sqdisc poster (benches/sqd_bench.c, sqdisc_run): batch $b, 1 SGE, sq_depth $DEPTH,"
+        echo "signal interval $INTERVAL, release callback, one sqd_cq_poll per post; software HCA in null mode. Only the"
+        echo "measured loop is collected (--toggle-collect=measured, called for the 1024-WR warm-up and then $N WRs:"
+        echo "$((N + 1024)) WRs in all; the per-WR column divides by that)."
+        echo "Produced by \`make bench\` (scripts/bench.sh); paths are relative to the repository. Numbers in the first"
+        echo "column are instructions per WR."
+        echo
+        echo "==== where the instructions go (per WR; callgrind --toggle-collect, N-WR run minus 0-WR run) ===="
+        printf '%9s  total (the bench table)\n' "$total"
+        printf '%9s  sqd_post_send, without the sim'"'"'s post_send\n' "${parts[0]}"
+        printf '%9s  sqd_cq_poll, without the sim'"'"'s poll_cq (releases included)\n' "${parts[1]}"
+        printf '%9s    of which run_releases (release callbacks included)\n' "${parts[2]}"
+        printf '%9s  the sim'"'"'s post_send (provider)\n' "${parts[3]}"
+        printf '%9s  the sim'"'"'s poll_cq (provider)\n' "${parts[4]}"
+        printf '%9s  the rest: the ULP loop (fill WRs, credit check, status check)\n' \
+            "$(awk -v t="$total" -v a="${parts[0]}" -v b="${parts[1]}" -v c="${parts[3]}" -v d="${parts[4]}" \
+                'BEGIN { printf "%.1f", t - a - b - c - d }')"
+        echo
+        echo "==== self cost by function, inlined code merged into its function (>= 0.5 per WR) ===="
+        callgrind_annotate --auto=no --inclusive=no --threshold=100 "$f" 2>/dev/null | sed -n '/file:function/,$p' \
+            | awk -v n="$wrs" "$merge" | sort -rn
+        echo
+        echo "==== callgrind_annotate: self (exclusive) cost by file:function ===="
+        callgrind_annotate --auto=no --inclusive=no --threshold=98 "$f" 2>/dev/null | sed -n '/^Ir/,$p' | awk -v n="$wrs" "$per"
+        echo
+        echo "==== callgrind_annotate: inclusive cost by file:function ===="
+        callgrind_annotate --auto=no --inclusive=yes --threshold=99.9 "$f" 2>/dev/null | sed -n '/^Ir/,$p' | awk -v n="$wrs" "$per"
+        echo
+        echo "==== the library's hot lines (src/queue.rs, src/cq.rs, src/discipline/*.rs; lines with a count) ===="
+        callgrind_annotate --auto=yes --threshold=100 "$f" 2>/dev/null \
+            | awk -v n="$wrs" '
+                /^-- Auto-annotated source: / { keep = $0 ~ /[ \/]src\/(queue|cq)\.rs$/ || $0 ~ /[ \/]src\/discipline\//;
+                                                if (keep) print "" }
+                keep && (/^-- Auto-annotated source: / || /^-- line / || /^ *[0-9,]+ \(/) {
+                    if (match($0, /^ *[0-9,]+ /)) { v = substr($0, RSTART, RLENGTH); gsub(/[ ,]/, "", v);
+                        printf "%9.1f  %s\n", v / n, $0 } else print }'
+    } | sed -e "s|$root/||g" -e 's/[ ]*$//' > "$dst"
+}
+profile 1
+profile 32
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=""
+[ -n "$(git status --porcelain -- src include Cargo.toml 2>/dev/null)" ] && dirty=" (with uncommitted changes in src/)"
+cmd="make bench"
+for v in BENCH_N BENCH_TIME_N BENCH_REPS; do [ -n "${!v:-}" ] && cmd="$v=${!v} $cmd"; done
+
+emit "Measured $(date -u +%Y-%m-%d) at commit \`$commit\`$dirty by \`$cmd\`."
+emit ""
+emit "Machine: $(nproc) CPUs, $cpu; Linux $(uname -r); $(rustc --version); $(${CC:-cc} --version | head -n 1); $(valgrind --version)."
+emit ""
+emit "Workload: one RC QP (sq_depth $DEPTH) and its CQ on the software HCA in null mode (\`SQD_SIM_NULL\`: every WQE"
+emit "completes at post). Loop: wait for room, post a batch of SEND WRs (one chain, one post call), poll the CQ once"
+emit "(up to 32 completions). Posters: **signal-all** = raw verbs, every WR signaled; **hand-mod** = raw verbs with"
+emit "hand-written moderation (signal every $INTERVAL = sq_depth/4 and on the last free slot); **sqdisc** ="
+emit "\`sqd_post_send\` + \`sqd_cq_poll\`, default signal interval ($INTERVAL), release callback. $N counted WRs after a"
+emit "1024-WR warm-up. Instructions include the software HCA's own post/poll (\"sim\"); \"excl. sim\" subtracts it."
+emit ""
+emit "| batch | SGEs | instr/WR signal-all | hand-mod | sqdisc | sqdisc / hand-mod | sqdisc / signal-all | excl. sim: hand-mod | sqdisc | ratio | CQEs/WR signal-all · hand-mod · sqdisc | doorbells/WR (all) | allocs/WR sqdisc (all) | ns/WR median signal-all · hand-mod · sqdisc |"
+emit "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"
+max_alloc=0
+for b in "${BATCHES[@]}"; do
+    for s in "${SGES[@]}"; do
+        a=raw-signal/$b/$s m=raw-moderated/$b/$s q=sqdisc/$b/$s
+        all_allocs=$(awk -v x="${allocs[$a]}" -v y="${allocs[$m]}" -v z="${allocs[$q]}" 'BEGIN { print (x > y ? (x > z ? x : z) : (y > z ? y : z)) }')
+        max_alloc=$(awk -v x="$max_alloc" -v y="$all_allocs" 'BEGIN { print (x > y ? x : y) }')
+        emit "| $b | $s | ${instr[$a]} | ${instr[$m]} | **${instr[$q]}** | **$(ratio "${instr[$q]}" "${instr[$m]}")** | $(ratio "${instr[$q]}" "${instr[$a]}") | ${excl[$m]} | ${excl[$q]} | $(ratio "${excl[$q]}" "${excl[$m]}") | ${cqes[$a]} · ${cqes[$m]} · ${cqes[$q]} | ${bells[$q]} | ${allocs[$q]} (${all_allocs}) | ${ns[$a]} · ${ns[$m]} · ${ns[$q]} |"
+    done
+done
+emit ""
+emit "Sim share (instr/WR spent in the software HCA's ops; the same for every poster of a row up to the CQEs it makes):"
+for b in "${BATCHES[@]}"; do
+    for s in "${SGES[@]}"; do
+        emit "batch $b, $s SGE(s): signal-all ${sim[raw-signal/$b/$s]}, hand-mod ${sim[raw-moderated/$b/$s]}, sqdisc ${sim[sqdisc/$b/$s]}."
+    done
+done
+emit ""
+emit "**Scaling** (sqdisc): Q queues of depth $SCALE_DEPTH on one CQ, WR k to queue k mod Q, each signaled by the ULP, the"
+emit "CQ polled until empty every $SCALE_POLL posts; $N counted CQEs after a warm-up of max(2Q, 1024). Cost of \`sqd_cq_poll\`"
+emit "per CQE (callgrind, inclusive; \"excl. sim\" without the sim's poll_cq); cache misses from callgrind's cache model"
+emit "(excl. sim); ns/WR is the whole post + poll loop, native."
+emit ""
+emit "| queues | instr/CQE | ratio to 1 queue | excl. sim | ratio | D1 misses/CQE | LL misses/CQE | ns/WR median |"
+emit "|---:|---:|---:|---:|---:|---:|---:|---:|"
+for q in "${SCALE_QUEUES[@]}"; do
+    emit "| $q | ${poll[$q]} | $(ratio "${poll[$q]}" "${poll[1]}") | ${poll_excl[$q]} | $(ratio "${poll_excl[$q]}" "${poll_excl[1]}") | ${d1[$q]} | ${ll[$q]} | ${scale_ns[$q]} |"
+done
+emit ""
+emit "**Memory** per queue: \`Queue::footprint()\` (benches/footprint.rs) and the heap \`sqd_queue_new\` takes"
+emit "(malloc_usable_size, through the shim; first queue on a fresh CQ, so the CQ's table and map are included). QP caps:"
+emit "max_send_sge 4, max_inline_data 64. Slot record: $slot bytes."
+emit ""
+emit "| sq_depth | backlog | footprint bytes | heap bytes (allocations) |"
+emit "|---:|---:|---:|---:|"
+for d in 128 1024; do
+    for k in 0 "$d"; do
+        emit "| $d | $k | ${foot[$d/$k]} | ${heap[$d/$k]} (${heap_allocs[$d/$k]}) |"
+    done
+done
+emit ""
+emit "Per SQ slot (depth 1024 minus depth 128, / 896): without backlog $(per_slot "${foot[1024/0]}" "${foot[128/0]}") bytes"
+emit "(footprint), $(per_slot "${heap[1024/0]}" "${heap[128/0]}") (heap); with a backlog as deep as the SQ"
+emit "$(per_slot "${foot[1024/1024]}" "${foot[128/128]}") (footprint), $(per_slot "${heap[1024/1024]}" "${heap[128/128]}") (heap)."
+emit "Fixed part (depth 128, no backlog, minus 128 slots): $(awk -v f="${foot[128/0]}" -v s="$slot" 'BEGIN { print f - 128 * s }') bytes (footprint)."
+emit ""
+
+# ---- targets ------------------------------------------------------------------------------------------------
+
+verdict() { awk -v x="$1" -v lim="$2" 'BEGIN { print (x <= lim ? "met" : "MISSED") }'; }
+emit "**Targets** (on total instructions, sim included, as the table):"
+emit ""
+for s in "${SGES[@]}"; do
+    r=$(ratio "${instr[sqdisc/32/$s]}" "${instr[raw-moderated/32/$s]}")
+    emit "- batch 32, $s SGE(s): sqdisc / hand-mod = $r <= 1.25: $(verdict "$r" 1.25); sqdisc ${instr[sqdisc/32/$s]} < signal-all ${instr[raw-signal/32/$s]}: $(awk -v a="${instr[sqdisc/32/$s]}" -v b="${instr[raw-signal/32/$s]}" 'BEGIN { print (a < b ? "met" : "MISSED") }')."
+done
+for s in "${SGES[@]}"; do
+    r=$(ratio "${instr[sqdisc/1/$s]}" "${instr[raw-moderated/1/$s]}")
+    emit "- batch 1, $s SGE(s): sqdisc / hand-mod = $r <= 1.5: $(verdict "$r" 1.5)."
+done
+emit "- allocations per WR in steady state: at most ${max_alloc} in any run (target 0): $(awk -v x="$max_alloc" 'BEGIN { print (x == 0 ? "met" : "MISSED") }')."
+for b in "${BATCHES[@]}"; do
+    lim=$(awk -v i="$INTERVAL" -v b="$b" 'BEGIN { printf "%.5f", 1 / i + 1 / b }')
+    worst=$(awk -v x="${cqes[sqdisc/$b/1]}" -v y="${cqes[sqdisc/$b/4]}" 'BEGIN { print (x > y ? x : y) }')
+    emit "- CQEs per WR at batch $b: $worst <= 1/$INTERVAL + 1/$b = $lim: $(verdict "$worst" "$lim")."
+done
+r=$(ratio "${poll[10000]}" "${poll[1]}")
+re=$(ratio "${poll_excl[10000]}" "${poll_excl[1]}")
+emit "- poll cost per CQE at 10,000 queues / 1 queue = $r (excl. sim $re) <= 1.3: $(verdict "$r" 1.3)."
+
+cat "$report"
+
+# ---- docs/PERFORMANCE.md ------------------------------------------------------------------------------------
+
+if [ "${BENCH_NO_DOC:-0}" != 1 ]; then
+    doc=docs/PERFORMANCE.md
+    if [ ! -f "$doc" ]; then
+        printf '# Performance\n\n<!-- bench:begin -->\n<!-- bench:end -->\n' > "$doc"
+    fi
+    awk -v report="$report" '
+        /<!-- bench:begin -->/ { print; while ((getline l < report) > 0) print l; skip = 1; next }
+        /<!-- bench:end -->/ { skip = 0 }
+        !skip { print }' "$doc" > "$doc.new"
+    mv "$doc.new" "$doc"
+    note "bench: wrote $doc and docs/perf/sqdisc-batch{1,32}.txt"
+fi
