@@ -148,9 +148,17 @@ impl Cq {
     /// that arrived between the caller's last empty poll and the arming is not missed (the classic race).
     /// Returns the completions that poll found, like [`Cq::poll`]: 0 means armed and empty, safe to sleep on
     /// the channel; more means handle them and poll again before sleeping.
+    ///
+    /// Because the caller is about to sleep, there is no next poll to cover an unsignaled tail (WRs this very
+    /// poll moved from a backlog, or posted just before): every such tail gets its marker now, whose CQE then
+    /// raises the event.
     pub fn arm(&self, solicited_only: bool, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.handle.req_notify(solicited_only)?;
-        self.shared.poll(out)
+        let n = self.shared.poll(out)?;
+        if n == 0 {
+            self.shared.cover_idle_tails(true);
+        }
+        Ok(n)
     }
 
     /// Reaps completions into `out` and returns how many are for the ULP: exactly the work completions raw verbs
@@ -271,7 +279,7 @@ impl CqShared {
                 break;
             }
         }
-        self.cover_idle_tails();
+        self.cover_idle_tails(false);
         self.state.borrow_mut().stats.visible += kept as u64;
         Ok(kept)
     }
@@ -328,8 +336,9 @@ impl CqShared {
         Some(fate)
     }
 
-    /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle.
-    fn cover_idle_tails(&self) {
+    /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:
+    /// every watched queue's tail, posted to recently or not).
+    fn cover_idle_tails(&self, now: bool) {
         let mut list = {
             let mut st = self.state.borrow_mut();
             let spare = std::mem::take(&mut st.watch_spare);
@@ -339,7 +348,7 @@ impl CqShared {
         list.retain(|&index| {
             let q = self.state.borrow().table.get(index as usize).cloned().flatten();
             match q {
-                Some(q) => match q.check_idle_tail() {
+                Some(q) => match q.check_idle_tail(now) {
                     IdleCheck::KeepWatching => true,
                     IdleCheck::Covered(m) => {
                         markers += m as u64;

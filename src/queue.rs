@@ -971,9 +971,9 @@ impl QueueShared {
     }
 
     /// Called at the end of a poll of the send CQ while this queue is watched.
-    pub(crate) fn check_idle_tail(&self) -> IdleCheck {
+    pub(crate) fn check_idle_tail(&self, now: bool) -> IdleCheck {
         let mut st = self.state.borrow_mut();
-        if st.posted_since_poll {
+        if st.posted_since_poll && !now {
             st.posted_since_poll = false;
             return IdleCheck::KeepWatching;
         }

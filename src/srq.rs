@@ -147,7 +147,8 @@ impl Srq {
             let st = &mut *st;
             st.slots.release_all(|r| st.due.push_back(Completion::from((r, true))));
         }
-        self.shared.run_releases();
+        // Nothing will consume these receives: no low-watermark call (the ULP must not refill what it tears down).
+        self.shared.deliver_releases();
         Ok(())
     }
 
@@ -247,9 +248,17 @@ impl SrqShared {
         Some(r.wr_id)
     }
 
+    /// Hands out due releases, then runs the low-watermark callback if the posted receives dropped below it.
     pub(crate) fn run_releases(&self) {
+        if self.deliver_releases() {
+            self.check_low_watermark();
+        }
+    }
+
+    /// Hands out due releases; `false` if a release loop was already running (it hands out these too).
+    fn deliver_releases(&self) -> bool {
         if self.releasing.replace(true) {
-            return;
+            return false;
         }
         struct Clear<'a>(&'a Cell<bool>);
         impl Drop for Clear<'_> {
@@ -265,6 +274,10 @@ impl SrqShared {
                 None => break,
             }
         }
+        true
+    }
+
+    fn check_low_watermark(&self) {
         let low = {
             let mut st = self.state.borrow_mut();
             let posted = st.slots.posted();

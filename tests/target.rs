@@ -1513,3 +1513,49 @@ fn srq_low_watermark_refill_keeps_the_srq_from_starving_and_release_all_returns_
         assert_eq!(c.messages, 64, "seed {seed}: exactly the SRQ's receives were consumed");
     }
 }
+
+/// Regression: an arm whose own poll moved parked WRs to the SQ must cover their unsignaled tail at once —
+/// the caller is about to sleep, so no later poll will.
+#[test]
+fn arming_covers_a_tail_its_own_poll_posted_from_the_backlog() {
+    let dev = SimDevice::new(&SimConfig { steps_per_poll: 0, ..SimConfig::default() }).unwrap();
+    let ch = dev.create_comp_channel().unwrap();
+    let scq = dev.create_cq_ex(64, ch, ptr::null_mut(), 0).unwrap();
+    let pcq = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&mut qp_attr(scq, scq, 8, 1)).unwrap();
+    let b = dev.create_qp(&mut qp_attr(pcq, pcq, 8, 1)).unwrap();
+    dev.connect(a, b, &SimConnAttr::default()).unwrap();
+    let fd = unsafe { (*ch).fd };
+    let cq = Cq::new(cq_handle(scq));
+    let log = SendLog::default();
+    let cfg = QueueConfig { sq_depth: 8, max_send_sge: 4, max_inline_data: 64, signal_interval: 4, backlog_depth: 8, ..QueueConfig::default() };
+    let q = Queue::new(&cq, None, qp_handle(a), cfg, Some(send_logger(&log))).unwrap();
+    let mut ws: Vec<W> = (0..10).map(|i| wr(i, op::IBV_WR_RDMA_WRITE, 0, &[]).rdma(0, 0)).collect();
+    qpost(&q, &mut ws).unwrap();
+    let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
+    assert_eq!(cq.poll(&mut wc).unwrap(), 0, "poll 1 after the post: nothing done yet");
+    dev.run_until_idle(1000).unwrap(); // the CQEs of WRs 3 and 7 land now, before the arm
+    assert_eq!(cq.arm(false, &mut wc).unwrap(), 0, "poll 2 (inside the arm): only hidden CQEs");
+    // Time passes while the ULP sleeps: the marker posted by the arm completes and raises the event.
+    dev.run_until_idle(1000).unwrap();
+    assert!(readable(fd), "armed and told it was safe to sleep, yet no event comes for WRs {}..10", log.borrow().len());
+    assert_eq!(cq.poll(&mut wc).unwrap(), 0, "the marker's completion is not shown");
+    assert_eq!(log.borrow().len(), 10);
+    assert_eq!(q.stats().markers, 1);
+    drop(q);
+}
+
+/// Regression: releasing a torn-down SRQ's receives does not ask the ULP to refill it.
+#[test]
+fn release_all_does_not_run_the_low_watermark_callback() {
+    let buf = Buf::new(4096, 0);
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let (lkey, _) = reg(&dev, &buf);
+    let raw = dev.create_srq(&mut srq_attr(4)).unwrap();
+    let calls: Rc<RefCell<Vec<u32>>> = Rc::default();
+    let c = calls.clone();
+    let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), 4, None, 2, Some(Box::new(move |posted| c.borrow_mut().push(posted)))).unwrap();
+    srq_post(&srq, &(0..4).map(|i| (i, buf.addr() + i * 64, 64, lkey)).collect::<Vec<_>>()).unwrap();
+    srq.release_all().unwrap(); // no queue attached, no poll anywhere
+    assert!(calls.borrow().is_empty(), "Srq::new documents that `low` runs from a poll; release_all ran it with {:?}", calls.borrow());
+}

@@ -83,8 +83,9 @@ pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
 /// Meanwhile it runs the release callbacks and deferred actions the reaped CQEs make due (in post order per
 /// queue), posts backlogged WRs as credits return, and covers idle unsignaled tails: a queue that has an
 /// unsignaled tail and receives no post during one whole poll cycle gets a signaled zero-length RDMA WRITE.
-/// So every accepted WR is released, without further posts, once its CQE is polled here, at the latest after
-/// the second `sqd_cq_poll` following the post that accepted it.
+/// So every WR is covered by a signaled WQE, without further posts, no later than the end of the second
+/// `sqd_cq_poll` after it reached the SQ (in the post call, or in the poll that moved it from the backlog), or
+/// at once by `sqd_cq_arm`, and is released when that WQE's CQE is polled.
 ///
 /// Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
 /// returns `-EBUSY`.
