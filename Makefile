@@ -162,6 +162,7 @@ check:
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory c-tests
+	$(MAKE) --no-print-directory bench-guard
 	$(MAKE) --no-print-directory check-install
 	@echo 'make check: all steps passed'
 
