@@ -410,8 +410,8 @@ fn target_run(seed: u64, per_conn: u64) -> TargetReport {
     let total = per_conn * CONNS as u64;
     let trigger = total * (2 + rng.below(4)) / 10; // after 20..50% of the responses
     let mut triggered = false;
-    let mut fatal_seen = vec![false; CONNS];
-    let mut last_wqe = vec![false; CONNS];
+    let mut fatal_seen = [false; CONNS];
+    let mut last_wqe = [false; CONNS];
     let mut next_wr = vec![0u64; CONNS];
     let mut report = TargetReport { requests: total, ..TargetReport::default() };
 
@@ -998,7 +998,7 @@ fn event_mode_run(seed: u64, total: u64) -> SleeperReport {
                 r.parked = s.parked;
             }
             r.released = log.borrow().len() as u64;
-            while let Ok(_) = dev.get_cq_event(ch.0) {
+            while dev.get_cq_event(ch.0).is_ok() {
                 unacked += 1;
             }
             dev.ack_cq_events(scq.0, unacked).unwrap();
@@ -1139,7 +1139,7 @@ fn cq_overrun_run(seed: u64, poll_first: bool) -> EventReport {
         }
         panic!("seed {seed}: the CQ does not drain");
     };
-    let mut before_event = vec![0u64; Q];
+    let mut before_event = [0u64; Q];
     if poll_first {
         drain(&cq);
         // Whatever was in the CQ has been polled; the rest of the WRs will never get a CQE.
@@ -1292,8 +1292,10 @@ fn qp_fatal_run(seed: u64, event_first: bool) -> EventReport {
     for _ in 0..20 {
         poll(&cq);
     }
-    let mut r = EventReport::default();
-    r.flushed = check_send_log(&format!("seed {seed}: fatal queue"), &logs[0].borrow(), PER_QUEUE, true);
+    let mut r = EventReport {
+        flushed: check_send_log(&format!("seed {seed}: fatal queue"), &logs[0].borrow(), PER_QUEUE, true),
+        ..EventReport::default()
+    };
     assert_eq!(check_send_log(&format!("seed {seed}: healthy queue"), &logs[1].borrow(), PER_QUEUE, false), 0);
     assert!(r.flushed > 0);
     let s0 = queues[0].stats();
