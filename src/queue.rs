@@ -10,7 +10,7 @@ use crate::discipline::check::{check_inline, check_shape, Limits};
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
-use crate::discipline::{Backlog, RecvState, SendState};
+use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
@@ -557,13 +557,19 @@ fn closed_error(c: Closed) -> Error {
     }
 }
 
-/// Restores the WRs of a posted run: the ULP's wr_ids and flags, and the link cut after the run.
-fn restore_run(first: WrPtr<'_>, n: usize, ulp: &[(u64, u32)], cut: Option<WrPtr<'_>>) {
+/// Restores the WRs of a posted run (`n` WRs from `first`, sequence numbers from `seq`), in one walk: the
+/// ULP's wr_id and send_flags, from the ring slots their admission filled, and the link cut after the run.
+/// The flags differ from the ULP's only by `IBV_SEND_SIGNALED`, added when the policy signaled a WR the ULP
+/// had not asked to be.
+fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: usize, cut: Option<WrPtr<'_>>) {
     let mut w = first;
-    for (i, &(wr_id, flags)) in ulp.iter().enumerate().take(n) {
-        w.set_wr_id(wr_id);
-        w.set_send_flags(flags);
-        if i + 1 == n {
+    for k in 0..n as u64 {
+        let slot = send.slot(seq + k);
+        w.set_wr_id(slot.wr_id);
+        if slot.flags & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
+            w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+        }
+        if k + 1 == n as u64 {
             w.set_next(cut);
         } else {
             w = w.next().expect("run is linked");
@@ -589,11 +595,12 @@ impl QueueShared {
         if let Some(c) = st.send.closed() {
             return Err(PostError { error: closed_error(c), bad: first });
         }
-        // The run of WRs to post with one doorbell, and what to restore in them afterwards. Runs longer than
-        // the stash are posted in pieces.
-        const STASH: usize = 64;
-        let mut stash = [(0u64, 0u32); STASH];
+        // The run of WRs to post with one doorbell: consecutive sequence numbers from `run_seq`, starting at
+        // `run_first`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether
+        // the ULP itself asked for IBV_SEND_SIGNALED). Runs longer than `MAX_RUN` are posted in pieces.
+        const MAX_RUN: usize = 64;
         let mut run_first: Option<WrPtr<'a>> = None;
+        let mut run_seq = 0u64;
         let mut run_len = 0usize;
         let mut cur = Some(first);
         let mut result = Ok(());
@@ -614,8 +621,8 @@ impl QueueShared {
                 }
             };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            if run_len == STASH {
-                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_len, &stash, Some(w)) {
+            if run_len == MAX_RUN {
+                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_seq, run_len, Some(w)) {
                     result = Err(e);
                     break;
                 }
@@ -624,9 +631,11 @@ impl QueueShared {
             match st.send.admit(w.wr_id(), op, ulp_signaled) {
                 Admit::Post { seq, signaled } => {
                     st.note_accepted(w, shape.send_flags);
-                    stash[run_len] = (w.wr_id(), shape.send_flags);
+                    if run_first.is_none() {
+                        run_first = Some(w);
+                        run_seq = seq;
+                    }
                     run_len += 1;
-                    run_first.get_or_insert(w);
                     w.set_wr_id(Token::new(self.send_index, Direction::Send, seq).0);
                     if signaled && !ulp_signaled {
                         w.set_send_flags(shape.send_flags | SEND_SIGNALED);
@@ -634,7 +643,7 @@ impl QueueShared {
                 }
                 Admit::Park => {
                     if let Some(f) = run_first.take() {
-                        if let Err(e) = self.flush_run(st, f, run_len, &stash, Some(w)) {
+                        if let Err(e) = self.flush_run(st, f, run_seq, run_len, Some(w)) {
                             result = Err(e);
                             run_len = 0;
                             break;
@@ -669,7 +678,7 @@ impl QueueShared {
                     Err(e) => Some(e.bad),
                     Ok(()) => None,
                 };
-                if let Err(e) = self.flush_run(st, f, run_len, &stash, cut) {
+                if let Err(e) = self.flush_run(st, f, run_seq, run_len, cut) {
                     result = Err(e);
                 }
             }
@@ -684,13 +693,14 @@ impl QueueShared {
         result
     }
 
-    /// Posts `n` WRs starting at `first` (the run), whose successor in the ULP's chain is `cut`.
+    /// Posts `n` WRs starting at `first` (the run, sequence numbers from `seq`), whose successor in the ULP's
+    /// chain is `cut`.
     fn flush_run<'a>(
         &self,
         st: &mut QueueState,
         first: WrPtr<'a>,
+        seq: u64,
         n: usize,
-        ulp: &[(u64, u32)],
         cut: Option<WrPtr<'a>>,
     ) -> std::result::Result<(), PostError<'a>> {
         let mut last = first;
@@ -700,7 +710,7 @@ impl QueueShared {
         last.set_next(None);
         let r = self.qp.post_chain(first);
         st.doorbells += 1;
-        restore_run(first, n, ulp, cut);
+        restore_run(&st.send, first, seq, n, cut);
         match r {
             Ok(()) => Ok(()),
             Err(f) => {

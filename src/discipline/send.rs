@@ -153,6 +153,11 @@ impl<T: Parked> SendState<T> {
     pub fn backlog_capacity(&self) -> usize {
         self.backlog.capacity()
     }
+    /// The ring slot of a posted, not yet released sequence number.
+    #[inline]
+    pub fn slot(&self, seq: u64) -> &Slot {
+        self.ring.get(seq)
+    }
     pub fn ring_capacity(&self) -> usize {
         self.ring.capacity()
     }
