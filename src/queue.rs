@@ -815,46 +815,86 @@ impl QueueShared {
             return;
         }
         let _guard = ClearOnDrop(&self.releasing);
+        // The queue's release handler is fixed for its life: decide its kind once, not per release.
+        match &self.release {
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop(|c| f(c)),
+            None => self.release_loop(|_| {}),
+        }
+    }
+
+    /// The loop of `run_releases`, with the queue's release handler as `release`. Each step takes the state
+    /// borrow once and drops it before any callback runs (callbacks may post, defer or poll again).
+    #[inline(always)]
+    fn release_loop(&self, release: impl Fn(&Completion)) {
+        enum Item {
+            /// A release of the ULP's WR: the completion is in `c`.
+            Release,
+            OpDone(Option<ReleaseHandler>),
+            Action(Action),
+            Idle,
+        }
+        let mut c = Completion::default();
         loop {
-            enum Item {
-                Release(Completion),
-                OpDone(Option<ReleaseHandler>, Completion),
-                Action(Action),
-            }
             let item = {
-                let mut st = self.state.borrow_mut();
-                let released = st.send.released();
-                if let Some(a) = st.barriers.pop_ready(released) {
-                    Some(Item::Action(a))
-                } else if let Some(r) = st.send.next_release() {
-                    if r.op {
-                        let (done, c) = st.finish_op(Completion::from((r, false)));
-                        Some(Item::OpDone(done, c))
+                let mut guard = self.state.borrow_mut();
+                let st = &mut *guard;
+                if st.barriers.is_due(st.send.released()) {
+                    Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
+                } else if let Some(slot) = st.send.pop_posted() {
+                    // The common case: a posted WR of the ULP's, no verification.
+                    c = completion_of(&slot);
+                    if slot.has(Slot::OP) {
+                        let (done, oc) = st.finish_op(c);
+                        c = oc;
+                        Item::OpDone(done)
                     } else {
-                        let mut c = Completion::from((r, false));
-                        let k = st.send.released() - 1;
-                        if let Some(sge) = st.verify.as_ref().and_then(|v| v.check(k)) {
-                            c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
-                            c.modified_sge = sge;
-                            st.verify_mismatches += 1;
+                        if let Some(v) = st.verify.as_ref() {
+                            let k = st.send.released() - 1;
+                            if let Some(sge) = v.check(k) {
+                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                                c.modified_sge = sge;
+                                st.verify_mismatches += 1;
+                            }
                         }
-                        Some(Item::Release(c))
+                        Item::Release
                     }
+                } else if let Some(r) = st.send.next_release() {
+                    // A parked WR released as never posted.
+                    c = Completion::from((r, false));
+                    if r.op {
+                        let (done, oc) = st.finish_op(c);
+                        c = oc;
+                        Item::OpDone(done)
+                    } else {
+                        if let Some(v) = st.verify.as_ref() {
+                            let k = st.send.released() - 1;
+                            if let Some(sge) = v.check(k) {
+                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                                c.modified_sge = sge;
+                                st.verify_mismatches += 1;
+                            }
+                        }
+                        Item::Release
+                    }
+                } else if let Some(r) = st.recv.as_mut().and_then(|r| r.next_release()) {
+                    c = Completion::from((r, true));
+                    Item::Release
                 } else {
-                    st.recv.as_mut().and_then(|r| r.next_release()).map(|r| Item::Release(Completion::from((r, true))))
+                    Item::Idle
                 }
             };
             match item {
-                Some(Item::Release(c)) => call(self.release.as_ref(), &c),
-                Some(Item::OpDone(done, c)) => call(done.as_ref(), &c),
-                Some(Item::Action(Action::User(d))) => d.run(),
-                Some(Item::Action(Action::PostOp(id))) => self.post_op(id),
-                Some(Item::Action(Action::Teardown(t))) => {
+                Item::Release => release(&c),
+                Item::OpDone(done) => call(done.as_ref(), &c),
+                Item::Action(Action::User(d)) => d.run(),
+                Item::Action(Action::PostOp(id)) => self.post_op(id),
+                Item::Action(Action::Teardown(t)) => {
                     if t.run() != 0 {
                         self.state.borrow_mut().teardown_failures += 1;
                     }
                 }
-                None => {
+                Item::Idle => {
                     let pumped = {
                         let mut st = self.state.borrow_mut();
                         let r = pump_backlog(&mut st.send, &self.qp, self.send_index);
@@ -1130,6 +1170,20 @@ impl QueueShared {
             verify_mismatches: st.verify_mismatches,
             bytes,
         }
+    }
+}
+
+/// The release of a posted WR whose slot the ring just gave up (as `Completion::from` a `Release` of it).
+#[inline]
+fn completion_of(slot: &Slot) -> Completion {
+    Completion {
+        wr_id: slot.wr_id,
+        status: slot.status as u32,
+        opcode: slot.opcode as u32,
+        vendor_err: slot.vendor_err,
+        flags: if slot.has(Slot::OWN_CQE) { 0 } else { crate::completion::SQD_COMPLETION_IMPLIED },
+        invalidated_rkey: 0,
+        modified_sge: 0,
     }
 }
 

@@ -347,14 +347,24 @@ impl<T: Parked> SendState<T> {
         self.draining = true;
     }
 
-    /// The next release, in post order, if one is due.
+    /// The next release of a posted WR, in post order, if one is due: its slot (the library's markers are
+    /// skipped). Parked WRs released as never posted come from `next_release` only.
     #[inline]
-    pub fn next_release(&mut self) -> Option<Release> {
+    pub fn pop_posted(&mut self) -> Option<Slot> {
         while let Some((_, slot)) = self.ring.pop_done() {
             if slot.has(Slot::INTERNAL) {
                 continue;
             }
             self.released += 1;
+            return Some(slot);
+        }
+        None
+    }
+
+    /// The next release, in post order, if one is due.
+    #[inline]
+    pub fn next_release(&mut self) -> Option<Release> {
+        if let Some(slot) = self.pop_posted() {
             return Some(Release {
                 wr_id: slot.wr_id,
                 status: slot.status,
@@ -390,11 +400,13 @@ impl<T: Parked> SendState<T> {
 #[derive(Debug)]
 pub struct Barriers<D> {
     waiting: VecDeque<(u64, D)>,
+    /// The oldest action's target (`u64::MAX` when none waits): the per-release check is one compare.
+    first_target: u64,
 }
 
 impl<D> Default for Barriers<D> {
     fn default() -> Self {
-        Barriers { waiting: VecDeque::new() }
+        Barriers { waiting: VecDeque::new(), first_target: u64::MAX }
     }
 }
 
@@ -405,14 +417,22 @@ impl<D> Barriers<D> {
     pub fn push(&mut self, target: u64, action: D) {
         let at = self.waiting.iter().rposition(|(t, _)| *t <= target).map_or(0, |i| i + 1);
         self.waiting.insert(at, (target, action));
+        self.first_target = self.waiting.front().map_or(u64::MAX, |e| e.0);
+    }
+    /// Whether an action's target `released` has reached (`pop_ready` then returns it).
+    #[inline]
+    pub fn is_due(&self, released: u64) -> bool {
+        self.first_target <= released
     }
     /// The oldest action whose target `released` has reached.
     #[inline]
     pub fn pop_ready(&mut self, released: u64) -> Option<D> {
-        match self.waiting.front() {
-            Some((t, _)) if *t <= released => self.waiting.pop_front().map(|(_, d)| d),
-            _ => None,
+        if self.first_target > released {
+            return None;
         }
+        let (_, d) = self.waiting.pop_front()?;
+        self.first_target = self.waiting.front().map_or(u64::MAX, |e| e.0);
+        Some(d)
     }
     pub fn len(&self) -> usize {
         self.waiting.len()
@@ -440,5 +460,6 @@ mod tests {
         assert_eq!(b.pop_ready(9), Some("a"));
         assert_eq!(b.pop_ready(9), Some("c"));
         assert!(b.is_empty());
+        assert!(!b.is_due(u64::MAX - 1));
     }
 }
