@@ -600,6 +600,7 @@ impl QueueShared {
         // the ULP itself asked for IBV_SEND_SIGNALED). Runs longer than `MAX_RUN` are posted in pieces.
         const MAX_RUN: usize = 64;
         let mut run_first: Option<WrPtr<'a>> = None;
+        let mut run_last = first;
         let mut run_seq = 0u64;
         let mut run_len = 0usize;
         let mut cur = Some(first);
@@ -622,7 +623,7 @@ impl QueueShared {
             };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
             if run_len == MAX_RUN {
-                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_seq, run_len, Some(w)) {
+                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_last, run_seq, run_len, Some(w)) {
                     result = Err(e);
                     break;
                 }
@@ -636,6 +637,7 @@ impl QueueShared {
                         run_seq = seq;
                     }
                     run_len += 1;
+                    run_last = w;
                     w.set_wr_id(Token::new(self.send_index, Direction::Send, seq).0);
                     if signaled && !ulp_signaled {
                         w.set_send_flags(shape.send_flags | SEND_SIGNALED);
@@ -643,7 +645,7 @@ impl QueueShared {
                 }
                 Admit::Park => {
                     if let Some(f) = run_first.take() {
-                        if let Err(e) = self.flush_run(st, f, run_seq, run_len, Some(w)) {
+                        if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, Some(w)) {
                             result = Err(e);
                             run_len = 0;
                             break;
@@ -678,7 +680,7 @@ impl QueueShared {
                     Err(e) => Some(e.bad),
                     Ok(()) => None,
                 };
-                if let Err(e) = self.flush_run(st, f, run_seq, run_len, cut) {
+                if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, cut) {
                     result = Err(e);
                 }
             }
@@ -693,20 +695,17 @@ impl QueueShared {
         result
     }
 
-    /// Posts `n` WRs starting at `first` (the run, sequence numbers from `seq`), whose successor in the ULP's
-    /// chain is `cut`.
+    /// Posts `n` WRs from `first` to `last` (the run, sequence numbers from `seq`), whose successor in the
+    /// ULP's chain is `cut`.
     fn flush_run<'a>(
         &self,
         st: &mut QueueState,
         first: WrPtr<'a>,
+        last: WrPtr<'a>,
         seq: u64,
         n: usize,
         cut: Option<WrPtr<'a>>,
     ) -> std::result::Result<(), PostError<'a>> {
-        let mut last = first;
-        for _ in 1..n {
-            last = last.next().expect("run is linked");
-        }
         last.set_next(None);
         let r = self.qp.post_chain(first);
         st.doorbells += 1;
