@@ -43,6 +43,8 @@ pub struct CqStats {
 pub(crate) struct CqShared {
     pub(crate) handle: CqHandle,
     state: RefCell<CqState>,
+    /// The counters the data path bumps, kept out of `state` so that bumping one takes no borrow.
+    counts: Counts,
     polling: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
@@ -61,9 +63,26 @@ struct CqState {
     watch_spare: Vec<u32>,
     /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
     srqs: Vec<(u32, Rc<SrqShared>, u32)>,
-    /// Polls that found the CQ empty (ended before filling the caller's array).
-    empty_polls: u64,
+    /// `capacity` and `tail_markers` (the data path's counters are in `CqShared::counts`).
     stats: CqStats,
+}
+
+/// `CqStats` counters bumped on every poll or CQE.
+#[derive(Default)]
+struct Counts {
+    polls: Cell<u64>,
+    cqes: Cell<u64>,
+    visible: Cell<u64>,
+    hidden: Cell<u64>,
+    passthrough: Cell<u64>,
+    stray: Cell<u64>,
+    /// Polls that found the CQ empty (ended before filling the caller's array).
+    empty_polls: Cell<u64>,
+}
+
+#[inline]
+fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
 }
 
 /// An `ibv_cq` under management.
@@ -94,9 +113,9 @@ impl Cq {
                     watch: Vec::new(),
                     watch_spare: Vec::new(),
                     srqs: Vec::new(),
-                    empty_polls: 0,
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
+                counts: Counts::default(),
                 polling: Cell::new(false),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
             }),
@@ -115,7 +134,18 @@ impl Cq {
 
     pub fn stats(&self) -> CqStats {
         let st = self.shared.state.borrow();
-        CqStats { reserved: st.budget.reserved(), queues: st.budget.queues(), ..st.stats }
+        let n = &self.shared.counts;
+        CqStats {
+            reserved: st.budget.reserved(),
+            queues: st.budget.queues(),
+            polls: n.polls.get(),
+            cqes: n.cqes.get(),
+            visible: n.visible.get(),
+            hidden: n.hidden.get(),
+            passthrough: n.passthrough.get(),
+            stray: n.stray.get(),
+            ..st.stats
+        }
     }
 
     /// Fails with `EBUSY` while queues are attached.
@@ -218,7 +248,7 @@ impl CqShared {
     }
 
     pub(crate) fn empty_polls(&self) -> u64 {
-        self.state.borrow().empty_polls
+        self.counts.empty_polls.get()
     }
 
     /// Puts the queue object in its table slot (after the queue is built).
@@ -253,7 +283,7 @@ impl CqShared {
             return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
         }
         let _guard = ResetOnDrop(&self.polling);
-        self.state.borrow_mut().stats.polls += 1;
+        bump(&self.counts.polls, 1);
         let mut kept = 0;
         while kept < out.len() {
             let room = out.len() - kept;
@@ -275,12 +305,12 @@ impl CqShared {
             }
             kept = w;
             if n < room {
-                self.state.borrow_mut().empty_polls += 1;
+                bump(&self.counts.empty_polls, 1);
                 break;
             }
         }
         self.cover_idle_tails(false);
-        self.state.borrow_mut().stats.visible += kept as u64;
+        bump(&self.counts.visible, kept as u64);
         Ok(kept)
     }
 
@@ -308,12 +338,12 @@ impl CqShared {
             None if self.state.borrow().by_qp.contains_key(&wc.qp_num) => CqeFate::Stray,
             None => CqeFate::Passthrough,
         };
-        let mut st = self.state.borrow_mut();
-        st.stats.cqes += 1;
+        let n = &self.counts;
+        bump(&n.cqes, 1);
         match fate {
-            CqeFate::Hidden => st.stats.hidden += 1,
-            CqeFate::Stray => st.stats.stray += 1,
-            CqeFate::Passthrough => st.stats.passthrough += 1,
+            CqeFate::Hidden => bump(&n.hidden, 1),
+            CqeFate::Stray => bump(&n.stray, 1),
+            CqeFate::Passthrough => bump(&n.passthrough, 1),
             CqeFate::Visible(_) => {}
         }
         fate
@@ -328,10 +358,9 @@ impl CqShared {
             None => CqeFate::Stray,
         };
         srq.run_releases();
-        let mut st = self.state.borrow_mut();
-        st.stats.cqes += 1;
+        bump(&self.counts.cqes, 1);
         if matches!(fate, CqeFate::Stray) {
-            st.stats.stray += 1;
+            bump(&self.counts.stray, 1);
         }
         Some(fate)
     }
