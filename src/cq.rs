@@ -60,7 +60,6 @@ struct CqState {
     by_qp: HashMap<u32, u32>,
     /// Queues that may have an unsignaled tail to cover at the end of a poll.
     watch: Vec<u32>,
-    watch_spare: Vec<u32>,
     /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
     srqs: Vec<(u32, Rc<SrqShared>, u32)>,
     /// `capacity` and `tail_markers` (the data path's counters are in `CqShared::counts`).
@@ -111,7 +110,6 @@ impl Cq {
                     free: Vec::new(),
                     by_qp: HashMap::new(),
                     watch: Vec::new(),
-                    watch_spare: Vec::new(),
                     srqs: Vec::new(),
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
@@ -367,33 +365,29 @@ impl CqShared {
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:
     /// every watched queue's tail, posted to recently or not).
+    ///
+    /// One pass in place under the CQ's borrow: neither `check_idle_tail` nor the marker it may post comes
+    /// back to this CQ (a marker only calls the provider, which never calls out), and no callback runs here.
     fn cover_idle_tails(&self, now: bool) {
-        let mut list = {
-            let mut st = self.state.borrow_mut();
-            let spare = std::mem::take(&mut st.watch_spare);
-            std::mem::replace(&mut st.watch, spare)
-        };
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        if st.watch.is_empty() {
+            return;
+        }
+        let table = &st.table;
         let mut markers = 0;
-        list.retain(|&index| {
-            let q = self.state.borrow().table.get(index as usize).cloned().flatten();
-            match q {
-                Some(q) => match q.check_idle_tail(now) {
-                    IdleCheck::KeepWatching => true,
-                    IdleCheck::Covered(m) => {
-                        markers += m as u64;
-                        false
-                    }
-                },
-                None => false,
-            }
+        // A queue is in the list at most once: it tracks that itself.
+        st.watch.retain(|&index| match table.get(index as usize) {
+            Some(Some(q)) => match q.check_idle_tail(now) {
+                IdleCheck::KeepWatching => true,
+                IdleCheck::Covered(m) => {
+                    markers += m as u64;
+                    false
+                }
+            },
+            _ => false,
         });
-        let mut st = self.state.borrow_mut();
         st.stats.tail_markers += markers;
-        // Queues that callbacks started watching meanwhile are in `watch`: keep them too. (A queue is in the
-        // list at most once: it tracks that itself.)
-        let mut added = std::mem::replace(&mut st.watch, list);
-        st.watch.append(&mut added);
-        st.watch_spare = added;
     }
 }
 
