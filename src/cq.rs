@@ -219,6 +219,13 @@ impl CqShared {
             st.table.push(None);
         }
         st.by_qp.insert(qp_num, index);
+        // A queue is watched at most once at a time: with room for every table entry, `watch` never grows
+        // (allocates) on the data path.
+        let entries = st.table.len();
+        if st.watch.capacity() < entries {
+            let more = entries - st.watch.len();
+            st.watch.reserve(more);
+        }
         Ok(index)
     }
 
