@@ -188,6 +188,8 @@ pub(crate) struct QueueShared {
     send_cq: Rc<CqShared>,
     recv_cq: Option<Rc<CqShared>>,
     send_index: u32,
+    /// `Token::new(send_index, Direction::Send, 0)`: a send token is this or'ed with the sequence number.
+    send_token: u64,
     recv_index: u32,
     send_need: u64,
     recv_need: u64,
@@ -364,6 +366,7 @@ impl Queue {
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.map(|r| r.shared.clone()),
             send_index,
+            send_token: Token::new(send_index, Direction::Send, 0).0,
             recv_index,
             send_need,
             recv_need,
@@ -605,6 +608,10 @@ impl QueueShared {
         let mut run_len = 0usize;
         let mut cur = Some(first);
         let mut result = Ok(());
+        // Decided once per call: nothing below changes them but this loop's own posts (one credit each) and
+        // parks (after which `credits` is 0 and every WR goes through `admit`).
+        let mut credits = st.send.postable();
+        let note = !st.tracked.is_empty() || st.verify.is_some();
         while let Some(w) = cur {
             let next = w.next();
             let shape = w.shape();
@@ -629,16 +636,25 @@ impl QueueShared {
                 }
                 run_len = 0;
             }
-            match st.send.admit(w.wr_id(), op, ulp_signaled) {
+            let admitted = if credits > 0 {
+                let (seq, signaled) = st.send.admit_posted(w.wr_id(), op, ulp_signaled, credits);
+                credits -= 1;
+                Admit::Post { seq, signaled }
+            } else {
+                st.send.admit(w.wr_id(), op, ulp_signaled)
+            };
+            match admitted {
                 Admit::Post { seq, signaled } => {
-                    st.note_accepted(w, shape.send_flags);
+                    if note {
+                        st.note_accepted(w, shape.send_flags);
+                    }
                     if run_first.is_none() {
                         run_first = Some(w);
                         run_seq = seq;
                     }
                     run_len += 1;
                     run_last = w;
-                    w.set_wr_id(Token::new(self.send_index, Direction::Send, seq).0);
+                    w.set_wr_id(Token::from_base(self.send_token, seq).0);
                     if signaled && !ulp_signaled {
                         w.set_send_flags(shape.send_flags | SEND_SIGNALED);
                     }
@@ -654,7 +670,10 @@ impl QueueShared {
                     }
                     st.send.backlog_vacant().stage_from(w, op);
                     st.send.commit_park();
-                    st.note_accepted(w, shape.send_flags);
+                    credits = 0;
+                    if note {
+                        st.note_accepted(w, shape.send_flags);
+                    }
                 }
                 Admit::Full => {
                     result = Err(PostError {

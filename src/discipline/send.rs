@@ -191,6 +191,30 @@ impl<T: Parked> SendState<T> {
         self.post_slot(wr_id, wc_opcode, ulp_signaled, false, credits)
     }
 
+    /// Credits a run of `admit_posted` calls may use: the free slots, or 0 while WRs wait in the backlog (a
+    /// new WR then goes behind them, through `admit`).
+    #[inline]
+    pub fn postable(&self) -> u32 {
+        if self.backlog.is_empty() {
+            self.credits()
+        } else {
+            0
+        }
+    }
+
+    /// `admit` for a WR the caller knows can be posted: `credits` is `postable()` before this call, minus
+    /// one per `admit_posted` since (nothing else has changed the SQ or the backlog meanwhile). Returns its
+    /// sequence number and whether it is signaled.
+    #[inline]
+    pub fn admit_posted(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool, credits: u32) -> (u64, bool) {
+        debug_assert!(credits > 0 && credits == self.credits() && self.backlog.is_empty());
+        self.accepted += 1;
+        match self.post_slot(wr_id, wc_opcode, ulp_signaled, false, credits) {
+            Admit::Post { seq, signaled } => (seq, signaled),
+            _ => unreachable!("post_slot always posts"),
+        }
+    }
+
     /// Like `admit`, for a library operation: always signaled (its own completion is what it reports), never
     /// shown by poll.
     pub fn admit_op(&mut self, op_id: u64, wc_opcode: u8) -> Admit {

@@ -28,6 +28,12 @@ impl Token {
         let d = if dir == Direction::Recv { DIR_BIT } else { 0 };
         Token(((index as u64) << (SEQ_BITS + 1)) | d | (seq & SEQ_MASK))
     }
+    /// The token of sequence `seq` from `Token::new(index, dir, 0).0` (computed once per queue).
+    #[inline]
+    pub fn from_base(base: u64, seq: u64) -> Token {
+        debug_assert!(base & SEQ_MASK == 0);
+        Token(base | (seq & SEQ_MASK))
+    }
     #[inline]
     pub fn index(self) -> u32 {
         (self.0 >> (SEQ_BITS + 1)) as u32
@@ -65,6 +71,7 @@ mod tests {
             assert_eq!(t.index(), i);
             assert_eq!(t.direction(), d);
             assert_eq!(t.seq_from(0), s);
+            assert_eq!(Token::from_base(Token::new(i, d, 0).0, s), t);
         }
     }
 
