@@ -297,12 +297,16 @@ impl CqShared {
             for i in kept..kept + n {
                 match self.reap(&out[i]) {
                     CqeFate::Visible(wr_id) => {
-                        out.swap(w, i);
+                        if w != i {
+                            out.swap(w, i);
+                        }
                         out[w].wr_id = wr_id;
                         w += 1;
                     }
                     CqeFate::Passthrough => {
-                        out.swap(w, i);
+                        if w != i {
+                            out.swap(w, i);
+                        }
                         w += 1;
                     }
                     CqeFate::Hidden | CqeFate::Stray => {}

@@ -913,25 +913,25 @@ impl QueueShared {
                     }
                 }
                 Item::Idle => {
-                    let pumped = {
-                        let mut st = self.state.borrow_mut();
+                    let mut st = self.state.borrow_mut();
+                    // An empty backlog has nothing to pump (`pump_backlog` would return Ok(0)).
+                    let pumped = if st.send.backlog_len() > 0 {
                         let r = pump_backlog(&mut st.send, &self.qp, self.send_index);
                         if !matches!(r, Ok(0)) {
                             st.doorbells += 1;
                         }
-                        if st.send.has_unsignaled_tail() && !st.watched {
-                            st.watched = true;
-                            st.posted_since_poll = true;
-                            self.send_cq.watch(self.send_index);
-                        }
                         r
+                    } else {
+                        Ok(0)
                     };
+                    if st.send.has_unsignaled_tail() && !st.watched {
+                        st.watched = true;
+                        st.posted_since_poll = true;
+                        self.send_cq.watch(self.send_index);
+                    }
                     // Parked WRs released as never posted become due only when the ring is empty; anything
                     // else due now was produced by the pump (nothing) or by callbacks (picked up above).
-                    let more = {
-                        let st = self.state.borrow();
-                        st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0
-                    };
+                    let more = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
                     if !more || pumped.is_err() {
                         break;
                     }
