@@ -385,19 +385,28 @@ impl CqShared {
         if st.watch.is_empty() {
             return;
         }
-        let table = &st.table;
         let mut markers = 0;
-        // A queue is in the list at most once: it tracks that itself.
-        st.watch.retain(|&index| match table.get(index as usize) {
-            Some(Some(q)) => match q.check_idle_tail(now) {
-                IdleCheck::KeepWatching => true,
-                IdleCheck::Covered(m) => {
-                    markers += m as u64;
-                    false
-                }
-            },
-            _ => false,
-        });
+        // Compacts the list in order, keeping the queues that still wait. A queue is in the list at most once:
+        // it tracks that itself.
+        let mut kept = 0;
+        for i in 0..st.watch.len() {
+            let index = st.watch[i];
+            let keep = match st.table.get(index as usize) {
+                Some(Some(q)) => match q.check_idle_tail(now) {
+                    IdleCheck::KeepWatching => true,
+                    IdleCheck::Covered(m) => {
+                        markers += m as u64;
+                        false
+                    }
+                },
+                _ => false,
+            };
+            if keep {
+                st.watch[kept] = index;
+                kept += 1;
+            }
+        }
+        st.watch.truncate(kept);
         st.stats.tail_markers += markers;
     }
 }

@@ -178,8 +178,6 @@ struct QueueState {
     verify: Option<VerifyStore>,
     verify_mismatches: u64,
     doorbells: u64,
-    posted_since_poll: bool,
-    watched: bool,
 }
 
 pub(crate) struct QueueShared {
@@ -194,6 +192,11 @@ pub(crate) struct QueueShared {
     send_need: u64,
     recv_need: u64,
     state: RefCell<QueueState>,
+    /// A post (or a pump) left an unsignaled tail since the send CQ's last poll: its idle-tail check waits.
+    /// Cells, so that the check at the end of every poll takes no borrow.
+    posted_since_poll: Cell<bool>,
+    /// The queue is in its send CQ's watch list.
+    watched: Cell<bool>,
     releasing: Cell<bool>,
     release: Option<ReleaseHandler>,
     srq: Option<Rc<SrqShared>>,
@@ -383,9 +386,9 @@ impl Queue {
                     .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
                 verify_mismatches: 0,
                 doorbells: 0,
-                posted_since_poll: false,
-                watched: false,
             }),
+            posted_since_poll: Cell::new(false),
+            watched: Cell::new(false),
             releasing: Cell::new(false),
             release,
             srq: srq.map(|s| s.shared.clone()),
@@ -705,9 +708,9 @@ impl QueueShared {
             }
         }
         if st.send.has_unsignaled_tail() {
-            st.posted_since_poll = true;
-            if !st.watched {
-                st.watched = true;
+            self.posted_since_poll.set(true);
+            if !self.watched.get() {
+                self.watched.set(true);
                 self.send_cq.watch(self.send_index);
             }
         }
@@ -924,9 +927,9 @@ impl QueueShared {
                     } else {
                         Ok(0)
                     };
-                    if st.send.has_unsignaled_tail() && !st.watched {
-                        st.watched = true;
-                        st.posted_since_poll = true;
+                    if st.send.has_unsignaled_tail() && !self.watched.get() {
+                        self.watched.set(true);
+                        self.posted_since_poll.set(true);
                         self.send_cq.watch(self.send_index);
                     }
                     // Parked WRs released as never posted become due only when the ring is empty; anything
@@ -1040,12 +1043,12 @@ impl QueueShared {
 
     /// Called at the end of a poll of the send CQ while this queue is watched.
     pub(crate) fn check_idle_tail(&self, now: bool) -> IdleCheck {
-        let mut st = self.state.borrow_mut();
-        if st.posted_since_poll && !now {
-            st.posted_since_poll = false;
+        if self.posted_since_poll.get() && !now {
+            self.posted_since_poll.set(false);
             return IdleCheck::KeepWatching;
         }
-        st.watched = false;
+        self.watched.set(false);
+        let mut st = self.state.borrow_mut();
         IdleCheck::Covered(self.post_marker(&mut st))
     }
 
