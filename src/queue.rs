@@ -1048,8 +1048,15 @@ impl QueueShared {
             return IdleCheck::KeepWatching;
         }
         self.watched.set(false);
+        IdleCheck::Covered(self.cover_idle_tail())
+    }
+
+    /// Posts the idle-tail marker if the tail is still unsignaled (kept out of line: the poll's common case
+    /// is a queue that was posted to, which needs none).
+    #[inline(never)]
+    fn cover_idle_tail(&self) -> bool {
         let mut st = self.state.borrow_mut();
-        IdleCheck::Covered(self.post_marker(&mut st))
+        self.post_marker(&mut st)
     }
 
     fn post_marker(&self, st: &mut QueueState) -> bool {
