@@ -6,8 +6,8 @@
 #      unsignaled tail after most posts, so the idle-tail watch list is in use);
 #   2. CQEs per WR <= 1/32 + 1/batch and exactly one doorbell per post call;
 #   3. instructions per WR at batch 32: sqdisc <= 3x the hand-moderated raw verbs poster (both including the
-#      software HCA's own post/poll, as in the bench table; today about 1.3x);
-#   4. instructions per WR at batch 32 spent outside the software HCA (library + loop): <= 1000 (today about 280),
+#      software HCA's own post/poll, as in the bench table; today about 1.23x);
+#   4. instructions per WR at batch 32 spent outside the software HCA (library + loop): <= 1000 (today about 216),
 #      so that the check does not depend on how fast the software HCA is.
 # usage: scripts/bench-guard.sh STAGE_DIR LIBDIR_IN_STAGE      (make bench-guard stages a private install)
 set -euo pipefail
