@@ -572,8 +572,8 @@ int32_t sqd_queue_free(struct sqd_queue *q);
 /**
  * Hands a chain of send WRs to the queue instead of `ibv_post_send`.
  *
- * Each WR in turn is checked, then either posted (all WRs posted by one call go to the provider with one
- * doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
+ * Each WR in turn is checked, then either posted (the WRs posted by one call go to the provider in runs of up
+ * to 64 per doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
  * reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
  * it is accepted: it will get exactly one release. The library owns the wr_id and may add
  * `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
@@ -588,7 +588,9 @@ int32_t sqd_queue_free(struct sqd_queue *q);
  * slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
  * negated errno.
  */
-int32_t sqd_post_send(struct sqd_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+int32_t sqd_post_send(struct sqd_queue *q,
+                      struct ibv_send_wr *wr,
+                      struct ibv_send_wr **bad_wr);
 
 /**
  * Posts a chain of receives on a queue that manages them (`rq_depth` > 0), instead of `ibv_post_recv`.

@@ -404,8 +404,8 @@ impl Queue {
     }
 
     /// Hands a chain of send WRs to the queue. Each WR, in order, is checked, then posted (with the library's
-    /// wr_id and, when the policy says so, `IBV_SEND_SIGNALED`) or parked in the backlog; all WRs posted by one
-    /// call go to the provider with one doorbell. The chain is restored exactly before the call returns.
+    /// wr_id and, when the policy says so, `IBV_SEND_SIGNALED`) or parked in the backlog; the WRs posted by one
+    /// call go to the provider in runs of up to 64 per doorbell. The chain is restored exactly before the call returns.
     ///
     /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not.
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {

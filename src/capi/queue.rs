@@ -158,8 +158,8 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 
 /// Hands a chain of send WRs to the queue instead of `ibv_post_send`.
 ///
-/// Each WR in turn is checked, then either posted (all WRs posted by one call go to the provider with one
-/// doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
+/// Each WR in turn is checked, then either posted (the WRs posted by one call go to the provider in runs of up
+/// to 64 per doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
 /// reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
 /// it is accepted: it will get exactly one release. The library owns the wr_id and may add
 /// `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
