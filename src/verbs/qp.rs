@@ -130,18 +130,23 @@ impl QpHandle {
         if ret == 0 {
             return Ok(());
         }
-        let mut posted = 0;
-        let mut w = Some(first);
-        while let Some(x) = w {
-            if x.as_ptr() == bad {
-                return Err(PostFailure { errno: errno_of(ret), posted });
-            }
-            posted += 1;
-            w = x.next();
-        }
-        // The provider named no WR of the chain: take it that none went in.
-        Err(PostFailure { errno: errno_of(ret), posted: 0 })
+        Err(PostFailure { errno: errno_of(ret), posted: count_recv_until(first, bad) })
     }
+}
+
+/// How many receives of the chain precede `bad`; none if `bad` is not in it (the provider named no WR of the
+/// chain: take it that none went in).
+pub(crate) fn count_recv_until(first: RecvWrPtr<'_>, bad: *mut ibv_recv_wr) -> usize {
+    let mut n = 0;
+    let mut w = Some(first);
+    while let Some(x) = w {
+        if x.as_ptr() == bad {
+            return n;
+        }
+        n += 1;
+        w = x.next();
+    }
+    0
 }
 
 /// How many WRs of the chain precede `bad` (none if `bad` is not in it).

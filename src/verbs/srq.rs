@@ -45,15 +45,6 @@ impl SrqHandle {
         if ret == 0 {
             return Ok(());
         }
-        let mut posted = 0;
-        let mut w = Some(first);
-        while let Some(x) = w {
-            if x.as_ptr() == bad {
-                return Err(PostFailure { errno: errno_of(ret), posted });
-            }
-            posted += 1;
-            w = x.next();
-        }
-        Err(PostFailure { errno: errno_of(ret), posted: 0 })
+        Err(PostFailure { errno: errno_of(ret), posted: super::qp::count_recv_until(first, bad) })
     }
 }
