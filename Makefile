@@ -55,7 +55,7 @@ help:
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make bench      instruction counts against raw verbs on the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
-	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1)'
+	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
 	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
@@ -171,9 +171,13 @@ check:
 
 # The target-scale tests of tests/target.rs scaled up by SQDISC_SOAK=1 (more seeds, connections run longer,
 # more traffic through the 10,000 queues): minutes. A debug build, so the library's debug assertions run too.
+# Then the fault campaign of tests/campaign.rs for SQDISC_CAMPAIGN_SECS seconds (default 600; hours are fine),
+# or SQDISC_CAMPAIGN_CASES cases, from SQDISC_CAMPAIGN_SEED; it ends by printing the cases run and the faults
+# injected (docs/testing.md).
 .PHONY: soak
 soak:
 	SQDISC_SOAK=1 $(CARGO) test --test target -- --nocapture --test-threads=1
+	SQDISC_SOAK=1 $(CARGO) test --test campaign fault_campaign -- --nocapture --test-threads=1
 
 # ---- examples --------------------------------------------------------------------------------------------
 
