@@ -1142,7 +1142,11 @@ impl World {
                 }
             }
             round += 1;
-            ensure!(round <= TEARDOWN_ROUNDS, "queues never became free after their QPs went to error");
+            if round > TEARDOWN_ROUNDS {
+                let left: Vec<(u8, sqdisc::QueueStats)> =
+                    (0..SLOTS).filter_map(|i| self.slots[i as usize].as_ref().map(|s| (i, s.queue.as_ref().unwrap().stats()))).collect();
+                return Err(format!("queues never became free after their QPs went to error: {left:?}"));
+            }
         }
         // 3. Barriers and invalidations ran exactly once each.
         self.report.defers = self.barriers.len() as u64;
