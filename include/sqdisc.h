@@ -598,7 +598,8 @@ int32_t sqd_post_send(struct sqd_queue *q,
  * Each receive gets exactly one release (flag `SQD_COMPLETION_RECV`), in post order, and its completion is
  * returned by `sqd_cq_poll` with your wr_id. On failure `*bad_wr` is the first receive not posted. Returns 0,
  * or `-EINVAL` (NULL argument, queue without managed receives, bad `num_sge`/`sg_list`), `-EAGAIN` (more
- * receives than `rq_depth` outstanding), or the provider's negated errno.
+ * receives than `rq_depth` outstanding), `-EIO` (an asynchronous event released the queue), or the provider's
+ * negated errno.
  */
 int32_t sqd_post_recv(struct sqd_queue *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 

@@ -413,7 +413,7 @@ impl Queue {
     }
 
     /// Posts a chain of receives (the queue must manage receives: `rq_depth > 0`). Fails with `EAGAIN` at the
-    /// first receive beyond the RQ's credits.
+    /// first receive beyond the RQ's credits, and with `EIO` once an asynchronous event released the queue.
     pub fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
         self.shared.post_recv(chain)
     }
@@ -758,6 +758,13 @@ impl QueueShared {
                 bad: first,
             });
         };
+        if recv.is_abandoned() {
+            // An asynchronous event said no CQE may come any more: a receive posted now would never be released.
+            return Err(RecvPostError {
+                error: Error::new(libc::EIO, "the queue was released by an asynchronous event; it takes no more receives"),
+                bad: first,
+            });
+        }
         let mut ulp: Vec<u64> = Vec::new();
         let mut cur = Some(first);
         let mut last: Option<RecvWrPtr<'a>> = None;

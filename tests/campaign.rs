@@ -243,3 +243,24 @@ fn a_leak_is_caught() {
     std::mem::forget(vec![1u8; 16]);
     assert_eq!(live() - before, 1, "the allocation counter sees a leaked allocation");
 }
+
+// ---- regressions: shrunk cases of bugs the campaign found ---------------------------------------------
+
+/// A receive posted after an asynchronous event abandoned the queue (here `IBV_EVENT_CQ_ERR` of its receive
+/// CQ) was accepted and handed to a QP whose CQ takes no CQE any more: it was never released, and the queue
+/// could never be freed.
+#[test]
+fn a_receive_posted_after_the_queue_was_abandoned_is_refused() {
+    replay(Case {
+        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 4 },
+        ops: vec![
+            NewCq { cq: 0, cqe: 160 },
+            NewCq { cq: 1, cqe: 160 },
+            NewQueue { slot: 0, send_cq: 0, recv_cq: 1, recv: OwnRq, sq: 8, interval: 0, backlog: 8, verify: false },
+            Overrun { cq: 1 },
+            Step { n: 120 },
+            Events,
+            PostRecv { slot: 0, n: 1 },
+        ],
+    });
+}

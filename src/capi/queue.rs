@@ -203,7 +203,8 @@ pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mu
 /// Each receive gets exactly one release (flag `SQD_COMPLETION_RECV`), in post order, and its completion is
 /// returned by `sqd_cq_poll` with your wr_id. On failure `*bad_wr` is the first receive not posted. Returns 0,
 /// or `-EINVAL` (NULL argument, queue without managed receives, bad `num_sge`/`sg_list`), `-EAGAIN` (more
-/// receives than `rq_depth` outstanding), or the provider's negated errno.
+/// receives than `rq_depth` outstanding), `-EIO` (an asynchronous event released the queue), or the provider's
+/// negated errno.
 #[no_mangle]
 pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
     ffi_boundary!({
