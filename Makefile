@@ -56,6 +56,7 @@ help:
 	@echo 'make bench      instruction counts against raw verbs on the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
+	@echo 'make fuzz       fuzz the C API for FUZZ_SECONDS (default 600) with cargo-fuzz and ASan; fuzz-smoke: ~30 s, in check'
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
 	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
@@ -165,6 +166,7 @@ check:
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory c-tests
+	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-guard
 	$(MAKE) --no-print-directory check-install
 	@echo 'make check: all steps passed'
@@ -222,3 +224,16 @@ bench:
 bench-guard:
 	$(MAKE) --no-print-directory bench-stage
 	CC='$(CC)' bash scripts/bench-guard.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
+
+# ---- fuzzing ----------------------------------------------------------------------------------------------
+
+# The C API under libFuzzer with AddressSanitizer (fuzz/, scripts/fuzz.sh; docs/testing.md). fuzz-smoke replays
+# the seed corpus and fuzzes briefly with a fixed seed; fuzz runs FUZZ_SECONDS and reports executions and coverage.
+.PHONY: fuzz fuzz-smoke
+FUZZ_SECONDS ?= 600
+
+fuzz-smoke:
+	bash scripts/fuzz.sh smoke
+
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh long

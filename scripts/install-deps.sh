@@ -25,16 +25,32 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#packages[@]} system packages present"
-    exit 0
+else
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "install-deps: missing Debian packages: ${missing[*]}" >&2
+        echo "install-deps: run as root, or: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+
+    echo "install-deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "install-deps: missing Debian packages: ${missing[*]}" >&2
-    echo "install-deps: run as root, or: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
-    exit 1
+# The C API fuzzer (scripts/fuzz.sh): cargo-fuzz, which builds with the nightly toolchain (-Zsanitizer=address).
+if [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
 fi
-
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+if command -v cargo >/dev/null 2>&1; then
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        echo "install-deps: installing the nightly Rust toolchain (for cargo-fuzz)"
+        rustup toolchain install nightly --profile minimal
+    fi
+    if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+        echo "install-deps: installing cargo-fuzz"
+        cargo install --locked cargo-fuzz --version 0.13.2
+    fi
+    echo "install-deps: fuzzing tools present ($(cargo +nightly fuzz --version))"
+fi
