@@ -206,12 +206,15 @@ extern "C" {
 int sqd_scripted_new(struct sqd_scripted **out);
 
 /**
- * Frees a device and every CQ and QP made on it. NULL is a no-op.
+ * Frees a device and every CQ, QP and MR made on it. NULL is a no-op (returns 0).
  *
  * Every pointer obtained from the device (context, PD, CQs, QPs) dangles afterwards.
  * Not thread-safe: no other call may use the device or its objects concurrently.
+ *
+ * Returns 0, or `-EBUSY` while any of its CQs or QPs is still held by a library handle (`sqd_cq`,
+ * `sqd_queue`): free those first. The device is then left as it was, still valid.
  */
-void sqd_scripted_free(struct sqd_scripted *dev);
+int sqd_scripted_free(struct sqd_scripted *dev);
 
 /**
  * The device's `struct ibv_context`, owned by the device (valid until `sqd_scripted_free`). Its ops table
@@ -239,7 +242,7 @@ int sqd_scripted_create_cq(const struct sqd_scripted *dev, int cqe, struct ibv_c
  * Destroys a CQ made by `sqd_scripted_create_cq`.
  *
  * Errors: `-EINVAL` if `cq` is NULL or not a live scripted CQ; `-EBUSY` while a QP uses it (as send or
- * receive CQ). On success `cq` dangles.
+ * receive CQ) or an `sqd_cq` manages it (`sqd_cq_free` it first). On success `cq` dangles.
  */
 int sqd_scripted_destroy_cq(struct ibv_cq *cq);
 
@@ -260,7 +263,8 @@ int sqd_scripted_create_qp(const struct sqd_scripted *dev,
 
 /**
  * Destroys a QP made by `sqd_scripted_create_qp`, whatever it holds; its CQEs not yet polled are removed from
- * its CQs. Errors: `-EINVAL` if `qp` is NULL or not a live scripted QP. On success `qp` dangles.
+ * its CQs. Errors: `-EINVAL` if `qp` is NULL or not a live scripted QP; `-EBUSY` while an `sqd_queue` manages
+ * it (`sqd_queue_free` it first). On success `qp` dangles.
  */
 int sqd_scripted_destroy_qp(struct ibv_qp *qp);
 

@@ -357,10 +357,14 @@ void sqd_sim_config_default(struct sqd_sim_config *cfg);
 int sqd_sim_new(const struct sqd_sim_config *cfg, struct sqd_sim **out);
 
 /**
- * Frees a sim and every MR, CQ and QP made on it. NULL is a no-op. Every pointer obtained from it dangles
- * afterwards; registered memory is no longer touched. No other call may use the sim concurrently.
+ * Frees a sim and every MR, CQ, QP, SRQ and channel made on it. NULL is a no-op (returns 0). Every pointer
+ * obtained from it dangles afterwards; registered memory is no longer touched. No other call may use the sim
+ * concurrently.
+ *
+ * Returns 0, or `-EBUSY` while any of its CQs, QPs or SRQs is still held by a library handle (`sqd_cq`,
+ * `sqd_queue`, `sqd_srq`): free those first. The sim is then left as it was, still valid.
  */
-void sqd_sim_free(struct sqd_sim *sim);
+int sqd_sim_free(struct sqd_sim *sim);
 
 /**
  * The sim's `struct ibv_context`, owned by the sim (valid until `sqd_sim_free`). Only the data-path ops are
@@ -406,7 +410,8 @@ int sqd_sim_create_cq(const struct sqd_sim *sim, int cqe, struct ibv_cq **out);
  * Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
  * its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
  * it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'
- * `ibv_destroy_cq` would wait for them). On success `cq` dangles.
+ * `ibv_destroy_cq` would wait for them), or while an `sqd_cq` manages it (`sqd_cq_free` it first). On success
+ * `cq` dangles.
  */
 int sqd_sim_destroy_cq(struct ibv_cq *cq);
 
@@ -443,7 +448,8 @@ int sqd_sim_set_error(struct ibv_qp *qp);
 
 /**
  * Destroys a QP made by `sqd_sim_create_qp`, whatever it holds; its CQEs not yet polled are removed from its
- * CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP. On success `qp` dangles.
+ * CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP; `-EBUSY` while an `sqd_queue` manages it
+ * (`sqd_queue_free` it first). On success `qp` dangles.
  */
 int sqd_sim_destroy_qp(struct ibv_qp *qp);
 
@@ -608,7 +614,8 @@ int sqd_sim_create_srq(const struct sqd_sim *sim,
 
 /**
  * Destroys an SRQ; receives still posted on it never complete, and `srq` dangles.
- * Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it.
+ * Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it or an `sqd_srq` manages it
+ * (`sqd_srq_free` it first).
  */
 int sqd_sim_destroy_srq(struct ibv_srq *srq);
 

@@ -41,20 +41,32 @@ pub extern "C" fn sqd_scripted_new(out: *mut *mut ScriptedDevice) -> c_int {
     })
 }
 
-/// Frees a device and every CQ and QP made on it. NULL is a no-op.
+/// Frees a device and every CQ, QP and MR made on it. NULL is a no-op (returns 0).
 ///
 /// Every pointer obtained from the device (context, PD, CQs, QPs) dangles afterwards.
 /// Not thread-safe: no other call may use the device or its objects concurrently.
+///
+/// Returns 0, or `-EBUSY` while any of its CQs or QPs is still held by a library handle (`sqd_cq`,
+/// `sqd_queue`): free those first. The device is then left as it was, still valid.
 #[no_mangle]
-pub extern "C" fn sqd_scripted_free(dev: *mut ScriptedDevice) {
-    let _ = ffi_boundary!({
-        if !dev.is_null() {
-            // SAFETY: a non-NULL `dev` came from `sqd_scripted_new` (Box::into_raw) and is freed once, here.
-            // Dropping in place does not move it.
-            drop(unsafe { Box::from_raw(dev) });
+pub extern "C" fn sqd_scripted_free(dev: *mut ScriptedDevice) -> c_int {
+    ffi_boundary!({
+        if dev.is_null() {
+            return 0;
         }
+        // SAFETY: a non-NULL `dev` is a live device from `sqd_scripted_new`.
+        let held = crate::verbs::managed::held_on(unsafe { &*dev }.context());
+        if held > 0 {
+            return fail(&Error::new(
+                libc::EBUSY,
+                format!("{held} object(s) of the device are still managed (sqd_cq, sqd_queue): free those first"),
+            ));
+        }
+        // SAFETY: a non-NULL `dev` came from `sqd_scripted_new` (Box::into_raw) and is freed once, here.
+        // Dropping in place does not move it.
+        drop(unsafe { Box::from_raw(dev) });
         0
-    });
+    })
 }
 
 /// The device's `struct ibv_context`, owned by the device (valid until `sqd_scripted_free`). Its ops table
@@ -103,7 +115,7 @@ pub extern "C" fn sqd_scripted_create_cq(dev: *const ScriptedDevice, cqe: c_int,
 /// Destroys a CQ made by `sqd_scripted_create_cq`.
 ///
 /// Errors: `-EINVAL` if `cq` is NULL or not a live scripted CQ; `-EBUSY` while a QP uses it (as send or
-/// receive CQ). On success `cq` dangles.
+/// receive CQ) or an `sqd_cq` manages it (`sqd_cq_free` it first). On success `cq` dangles.
 #[no_mangle]
 pub extern "C" fn sqd_scripted_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi_boundary!({
@@ -147,7 +159,8 @@ pub extern "C" fn sqd_scripted_create_qp(
 }
 
 /// Destroys a QP made by `sqd_scripted_create_qp`, whatever it holds; its CQEs not yet polled are removed from
-/// its CQs. Errors: `-EINVAL` if `qp` is NULL or not a live scripted QP. On success `qp` dangles.
+/// its CQs. Errors: `-EINVAL` if `qp` is NULL or not a live scripted QP; `-EBUSY` while an `sqd_queue` manages
+/// it (`sqd_queue_free` it first). On success `qp` dangles.
 #[no_mangle]
 pub extern "C" fn sqd_scripted_destroy_qp(qp: *mut ibv_qp) -> c_int {
     ffi_boundary!({

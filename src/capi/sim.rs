@@ -6,7 +6,8 @@
 //! `sqd_sim_free`, and each `sqd_sim_destroy_*`, must not race other calls on the objects they free.
 //!
 //! Ownership: the sim owns every object it makes; `sqd_sim_free` frees them all. Free the library's own
-//! objects (`sqd_queue`, `sqd_cq`) that use a sim's QPs and CQs before freeing the sim.
+//! objects (`sqd_queue`, `sqd_cq`, `sqd_srq`) that use a sim's QPs, CQs and SRQs first: until then destroying
+//! one of those objects, or the sim, fails with `-EBUSY`.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::pin::Pin;
@@ -93,17 +94,27 @@ pub extern "C" fn sqd_sim_new(cfg: *const SimConfig, out: *mut *mut SimDevice) -
     })
 }
 
-/// Frees a sim and every MR, CQ and QP made on it. NULL is a no-op. Every pointer obtained from it dangles
-/// afterwards; registered memory is no longer touched. No other call may use the sim concurrently.
+/// Frees a sim and every MR, CQ, QP, SRQ and channel made on it. NULL is a no-op (returns 0). Every pointer
+/// obtained from it dangles afterwards; registered memory is no longer touched. No other call may use the sim
+/// concurrently.
+///
+/// Returns 0, or `-EBUSY` while any of its CQs, QPs or SRQs is still held by a library handle (`sqd_cq`,
+/// `sqd_queue`, `sqd_srq`): free those first. The sim is then left as it was, still valid.
 #[no_mangle]
-pub extern "C" fn sqd_sim_free(sim: *mut SimDevice) {
-    let _ = ffi_boundary!({
-        if !sim.is_null() {
-            // SAFETY: a non-NULL `sim` came from `sqd_sim_new` (Box::into_raw) and is freed once, here.
-            drop(unsafe { Box::from_raw(sim) });
+pub extern "C" fn sqd_sim_free(sim: *mut SimDevice) -> c_int {
+    ffi_boundary!({
+        let Some(dev) = sim_ref(sim) else { return 0 };
+        let held = crate::verbs::managed::held_on(dev.context());
+        if held > 0 {
+            return fail(&Error::new(
+                libc::EBUSY,
+                format!("{held} object(s) of the sim are still managed (sqd_cq, sqd_queue, sqd_srq): free those first"),
+            ));
         }
+        // SAFETY: a non-NULL `sim` came from `sqd_sim_new` (Box::into_raw) and is freed once, here.
+        drop(unsafe { Box::from_raw(sim) });
         0
-    });
+    })
 }
 
 /// The sim's `struct ibv_context`, owned by the sim (valid until `sqd_sim_free`). Only the data-path ops are
@@ -184,7 +195,8 @@ pub extern "C" fn sqd_sim_create_cq(sim: *const SimDevice, cqe: c_int, out: *mut
 /// Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
 /// its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
 /// it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'
-/// `ibv_destroy_cq` would wait for them). On success `cq` dangles.
+/// `ibv_destroy_cq` would wait for them), or while an `sqd_cq` manages it (`sqd_cq_free` it first). On success
+/// `cq` dangles.
 #[no_mangle]
 pub extern "C" fn sqd_sim_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi_boundary!({
@@ -258,7 +270,8 @@ pub extern "C" fn sqd_sim_set_error(qp: *mut ibv_qp) -> c_int {
 }
 
 /// Destroys a QP made by `sqd_sim_create_qp`, whatever it holds; its CQEs not yet polled are removed from its
-/// CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP. On success `qp` dangles.
+/// CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP; `-EBUSY` while an `sqd_queue` manages it
+/// (`sqd_queue_free` it first). On success `qp` dangles.
 #[no_mangle]
 pub extern "C" fn sqd_sim_destroy_qp(qp: *mut ibv_qp) -> c_int {
     ffi_boundary!({
@@ -596,7 +609,8 @@ fn srq_device<'a>(srq: *mut ibv_srq) -> crate::Result<&'a SimDevice> {
 }
 
 /// Destroys an SRQ; receives still posted on it never complete, and `srq` dangles.
-/// Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it.
+/// Errors: `-EINVAL` for NULL or an SRQ not of a sim; `-EBUSY` while a QP uses it or an `sqd_srq` manages it
+/// (`sqd_srq_free` it first).
 #[no_mangle]
 pub extern "C" fn sqd_sim_destroy_srq(srq: *mut ibv_srq) -> c_int {
     ffi_boundary!({

@@ -419,11 +419,15 @@ impl ScriptedDevice {
         Ok(qp)
     }
 
+    /// Destroys a QP; `EBUSY` while a library handle (a managed queue) holds it.
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
+        crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
         self.model.borrow_mut().destroy_qp(qp)
     }
 
+    /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
+        crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
         self.model.borrow_mut().destroy_cq(cq)
     }
 

@@ -547,8 +547,9 @@ impl SimDevice {
         self.model.lock().create_srq(attr)
     }
 
-    /// Destroys an SRQ; `EBUSY` while a QP uses it. Receives still posted on it never complete.
+    /// Destroys an SRQ; `EBUSY` while a QP uses it or a library handle (a managed SRQ) holds it. Receives still posted on it never complete.
     pub fn destroy_srq(&self, srq: *mut ibv_srq) -> Result<()> {
+        crate::verbs::managed::check_unheld(srq, "srq", "an sqd_srq (sqd_srq_free it first)")?;
         self.model.lock().destroy_srq(srq)
     }
 
@@ -580,8 +581,9 @@ impl SimDevice {
         self.model.lock().owns_channel(channel)
     }
 
-    /// Destroys a CQ; `EBUSY` while a QP uses it. Its pointer dangles afterwards.
+    /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it. Its pointer dangles afterwards.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
+        crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
         self.model.lock().destroy_cq(cq)
     }
 
@@ -608,9 +610,10 @@ impl SimDevice {
         self.model.lock().set_error(qp)
     }
 
-    /// Destroys a QP whatever it holds; its CQEs not yet polled are removed from its CQs. Packets in flight to
+    /// Destroys a QP whatever it holds (`EBUSY` while a library handle, a managed queue, holds it); its CQEs not yet polled are removed from its CQs. Packets in flight to
     /// it are dropped; its peer, if any, stays connected to nothing (its requests time out).
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
+        crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
         self.model.lock().destroy_qp(qp)
     }
 

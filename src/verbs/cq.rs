@@ -37,6 +37,7 @@ impl CqHandle {
         if cqe <= 0 {
             return Err(Error::invalid(format!("cq->cqe is {cqe}: a CQ must hold at least one CQE")));
         }
+        super::managed::hold(cq.as_ptr(), ctx);
         Ok(CqHandle { cq, poll, notify, capacity: cqe as u32 })
     }
 
@@ -72,5 +73,11 @@ impl CqHandle {
             return Err(Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error")));
         }
         Ok((got as usize).min(out.len()))
+    }
+}
+
+impl Drop for CqHandle {
+    fn drop(&mut self) {
+        super::managed::release(self.cq.as_ptr());
     }
 }

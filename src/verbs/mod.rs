@@ -8,6 +8,7 @@
 mod callback;
 pub mod control;
 mod cq;
+pub mod managed;
 mod qp;
 mod srq;
 mod staged;

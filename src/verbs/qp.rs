@@ -49,6 +49,7 @@ impl QpHandle {
         // SAFETY: a valid QP's context is valid (the caller's promise).
         let ops = unsafe { &(*ctx).ops };
         let post_send = ops.post_send.ok_or_else(|| Error::invalid("the QP's provider has no post_send op"))?;
+        super::managed::hold(qp.as_ptr(), ctx);
         Ok(QpHandle { qp, post_send, post_recv: ops.post_recv, qp_num })
     }
 
@@ -131,6 +132,12 @@ impl QpHandle {
             return Ok(());
         }
         Err(PostFailure { errno: errno_of(ret), posted: count_recv_until(first, bad) })
+    }
+}
+
+impl Drop for QpHandle {
+    fn drop(&mut self) {
+        super::managed::release(self.qp.as_ptr());
     }
 }
 

@@ -30,6 +30,7 @@ impl SrqHandle {
         }
         // SAFETY: a valid SRQ's context is valid (the caller's promise).
         let post = unsafe { (*ctx).ops.post_srq_recv }.ok_or_else(|| Error::invalid("the SRQ's provider has no post_srq_recv op"))?;
+        super::managed::hold(srq.as_ptr(), ctx);
         Ok(SrqHandle { srq, post })
     }
 
@@ -46,5 +47,11 @@ impl SrqHandle {
             return Ok(());
         }
         Err(PostFailure { errno: errno_of(ret), posted: super::qp::count_recv_until(first, bad) })
+    }
+}
+
+impl Drop for SrqHandle {
+    fn drop(&mut self) {
+        super::managed::release(self.srq.as_ptr());
     }
 }
