@@ -57,6 +57,7 @@ help:
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
 	@echo 'make fuzz       fuzz the C API for FUZZ_SECONDS (default 600) with cargo-fuzz and ASan; fuzz-smoke: ~30 s, in check'
+	@echo 'make miri       the unsafe-code tests under Miri (nightly; scripts/miri.sh), run by make check'
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
 	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
@@ -160,6 +161,7 @@ check-install:
 check:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory miri
 	$(MAKE) --no-print-directory check-headers
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory check-symbols
@@ -170,6 +172,12 @@ check:
 	$(MAKE) --no-print-directory bench-guard
 	$(MAKE) --no-print-directory check-install
 	@echo 'make check: all steps passed'
+
+# Undefined-behaviour check of the discipline core and the C ABI (callbacks re-entering it, every teardown
+# order) under Miri; what runs and which flags are in scripts/miri.sh. About a minute and a half.
+.PHONY: miri
+miri:
+	bash scripts/miri.sh
 
 # The target-scale tests of tests/target.rs scaled up by SQDISC_SOAK=1 (more seeds, connections run longer,
 # more traffic through the 10,000 queues): minutes. A debug build, so the library's debug assertions run too.

@@ -23,6 +23,7 @@ for p in "${packages[@]}"; do
     [ "$status" = installed ] || missing+=("$p")
 done
 
+
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#packages[@]} system packages present"
 else
@@ -53,4 +54,23 @@ if command -v cargo >/dev/null 2>&1; then
         cargo install --locked cargo-fuzz --version 0.13.2
     fi
     echo "install-deps: fuzzing tools present ($(cargo +nightly fuzz --version))"
+fi
+
+# `make miri` (scripts/miri.sh) needs a nightly toolchain with Miri and the standard library's sources.
+# rustup installs them for the user who runs the build; without rustup the script says what is needed.
+rust_miri() {
+    local tc=${MIRI_TOOLCHAIN:-nightly}
+    if cargo "+$tc" miri --version >/dev/null 2>&1; then
+        return 0
+    fi
+    if ! command -v rustup >/dev/null 2>&1; then
+        echo "install-deps: no rustup: install a $tc toolchain with the miri and rust-src components for make miri" >&2
+        return 1
+    fi
+    echo "install-deps: rustup toolchain install $tc --profile minimal --component miri rust-src"
+    rustup toolchain install "$tc" --profile minimal --component miri --component rust-src
+    cargo "+$tc" miri setup
+}
+if command -v cargo >/dev/null 2>&1; then
+    rust_miri
 fi
