@@ -452,10 +452,12 @@ int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
 int32_t sqd_cq_new_ex(struct ibv_cq *cq, uint32_t flags, struct sqd_cq **out);
 
 /**
- * Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op.
+ * Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op (returns 0).
  *
- * Returns 0, or `-EBUSY` while queues are attached or when called from a callback run by this CQ's poll; the
- * handle then stays valid.
+ * Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`) while queues are attached (free them first,
+ * in any order) or when called from a callback run by this CQ's poll; the handle then stays valid. Free it
+ * before destroying its `ibv_cq`: the library's own devices (`sqd_scripted_destroy_cq`, `sqd_sim_destroy_cq`)
+ * refuse with `-EBUSY` until then, a real provider cannot tell.
  */
 int32_t sqd_cq_free(struct sqd_cq *cq);
 
@@ -562,10 +564,14 @@ int32_t sqd_queue_new(struct sqd_cq *send_cq,
                       struct sqd_queue **out);
 
 /**
- * Frees a queue (not its QP). NULL is a no-op.
+ * Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
  *
- * Returns 0, or `-EBUSY` while WRs or receives are outstanding (not yet released: poll, or drain, first) or
- * when called from one of the queue's own callbacks; the queue then stays valid.
+ * Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
+ * receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+ * consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
+ * (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
+ * CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
+ * devices (`sqd_scripted_destroy_qp`, `sqd_sim_destroy_qp`) refuse with `-EBUSY` until then.
  */
 int32_t sqd_queue_free(struct sqd_queue *q);
 
@@ -735,10 +741,12 @@ int32_t sqd_srq_new(struct ibv_srq *srq,
                     struct sqd_srq **out);
 
 /**
- * Frees a handle made by `sqd_srq_new` (not the `ibv_srq`). NULL is a no-op.
+ * Frees a handle made by `sqd_srq_new` (not the `ibv_srq`). NULL is a no-op (returns 0).
  *
- * Returns 0, or `-EBUSY` while queues are attached or receives are posted (release them first with
- * `sqd_srq_release_all` once no QP can consume them); the handle then stays valid.
+ * Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the handle then stays valid) while queues are
+ * attached (free them first), while receives are posted (release them first with `sqd_srq_release_all` once
+ * no QP can consume them), or when called from the SRQ's own release callback. Free it before destroying
+ * the `ibv_srq`: `sqd_sim_destroy_srq` refuses with `-EBUSY` until then.
  */
 int32_t sqd_srq_free(struct sqd_srq *srq);
 

@@ -52,10 +52,12 @@ pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) 
     })
 }
 
-/// Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op.
+/// Frees a handle made by `sqd_cq_new` (not the `ibv_cq` under it). NULL is a no-op (returns 0).
 ///
-/// Returns 0, or `-EBUSY` while queues are attached or when called from a callback run by this CQ's poll; the
-/// handle then stays valid.
+/// Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`) while queues are attached (free them first,
+/// in any order) or when called from a callback run by this CQ's poll; the handle then stays valid. Free it
+/// before destroying its `ibv_cq`: the library's own devices (`sqd_scripted_destroy_cq`, `sqd_sim_destroy_cq`)
+/// refuse with `-EBUSY` until then, a real provider cannot tell.
 #[no_mangle]
 pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
     ffi_boundary!({

@@ -135,10 +135,14 @@ pub extern "C" fn sqd_queue_new(
     })
 }
 
-/// Frees a queue (not its QP). NULL is a no-op.
+/// Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
 ///
-/// Returns 0, or `-EBUSY` while WRs or receives are outstanding (not yet released: poll, or drain, first) or
-/// when called from one of the queue's own callbacks; the queue then stays valid.
+/// Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
+/// receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+/// consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
+/// (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
+/// CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
+/// devices (`sqd_scripted_destroy_qp`, `sqd_sim_destroy_qp`) refuse with `-EBUSY` until then.
 #[no_mangle]
 pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
     ffi_boundary!({

@@ -76,10 +76,12 @@ pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut
     })
 }
 
-/// Frees a handle made by `sqd_srq_new` (not the `ibv_srq`). NULL is a no-op.
+/// Frees a handle made by `sqd_srq_new` (not the `ibv_srq`). NULL is a no-op (returns 0).
 ///
-/// Returns 0, or `-EBUSY` while queues are attached or receives are posted (release them first with
-/// `sqd_srq_release_all` once no QP can consume them); the handle then stays valid.
+/// Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the handle then stays valid) while queues are
+/// attached (free them first), while receives are posted (release them first with `sqd_srq_release_all` once
+/// no QP can consume them), or when called from the SRQ's own release callback. Free it before destroying
+/// the `ibv_srq`: `sqd_sim_destroy_srq` refuses with `-EBUSY` until then.
 #[no_mangle]
 pub extern "C" fn sqd_srq_free(srq: *mut Srq) -> i32 {
     ffi_boundary!({
