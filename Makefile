@@ -58,6 +58,7 @@ help:
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
 	@echo 'make fuzz       fuzz the C API for FUZZ_SECONDS (default 600) with cargo-fuzz and ASan; fuzz-smoke: ~30 s, in check'
 	@echo 'make miri       the unsafe-code tests under Miri (nightly; scripts/miri.sh), run by make check'
+	@echo 'make tsan       the thread-safe mode under ThreadSanitizer (nightly; scripts/tsan.sh), run by make check'
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
 	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
@@ -162,6 +163,7 @@ check:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory test
 	$(MAKE) --no-print-directory miri
+	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory check-headers
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory check-symbols
@@ -174,10 +176,16 @@ check:
 	@echo 'make check: all steps passed'
 
 # Undefined-behaviour check of the discipline core and the C ABI (callbacks re-entering it, every teardown
-# order) under Miri; what runs and which flags are in scripts/miri.sh. About a minute and a half.
+# order) under Miri; what runs and which flags are in scripts/miri.sh. About two minutes.
 .PHONY: miri
 miri:
 	bash scripts/miri.sh
+
+# c-tests/threads.c under ThreadSanitizer, against a libsqdisc.so instrumented with nightly -Zsanitizer=thread
+# -Zbuild-std (docs/testing.md): a probe proves a race in the library is reported, then the run must be clean.
+.PHONY: tsan
+tsan:
+	CC='$(CC)' bash scripts/tsan.sh
 
 # The target-scale tests of tests/target.rs scaled up by SQDISC_SOAK=1 (more seeds, connections run longer,
 # more traffic through the 10,000 queues): minutes. A debug build, so the library's debug assertions run too.

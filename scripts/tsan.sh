@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# ThreadSanitizer on the thread-safe mode: c-tests/threads.c (posting threads and a poller on one
+# SQD_CQ_THREAD_SAFE CQ) built with gcc -fsanitize=thread against a libsqdisc.so whose Rust code, standard
+# library included, is instrumented too (nightly rustc -Zsanitizer=thread -Zbuild-std). An uninstrumented
+# library hides its locks from TSan, which then reports races on everything they protect; instrumented, the
+# run must be clean with no suppression at all.
+#
+# A probe first proves that this setup reports a real race inside the library (c-tests/support/probe_race.c
+# posts and polls from two threads on a CQ made without SQD_CQ_THREAD_SAFE).
+# c-tests/support/tsan_shim.c supplies __tsan_memcpy/memmove/memset, which nightly rustc's LLVM emits and gcc
+# 12's libtsan lacks, by forwarding to the memcpy/memmove/memset that libtsan intercepts.
+#
+# usage: tsan.sh            (MIRI_TOOLCHAIN's nightly, default `nightly`, with rust-src)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+toolchain=${MIRI_TOOLCHAIN:-nightly}
+target=x86_64-unknown-linux-gnu
+out=$root/build/tsan
+CC=${CC:-cc}
+mkdir -p "$out/lib"
+
+echo "tsan: building libsqdisc.so with -Zsanitizer=thread -Zbuild-std ($toolchain)"
+RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
+    cargo "+$toolchain" rustc --quiet --lib --release -Zbuild-std --target "$target" --crate-type cdylib
+cp -f "target/tsan/$target/release/libsqdisc.so" "$out/lib/libsqdisc.so.0"
+ln -sfn libsqdisc.so.0 "$out/lib/libsqdisc.so"
+nm -D "$out/lib/libsqdisc.so.0" > "$out/nm.txt"
+if ! grep -q ' U __tsan_func_entry' "$out/nm.txt"; then
+    echo "tsan: the library is not instrumented (no __tsan_func_entry reference)" >&2
+    exit 1
+fi
+
+build() { # exe source
+    "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude "$2" c-tests/support/tsan_shim.c \
+        -o "$1" -L"$out/lib" -lsqdisc -libverbs -lpthread -Wl,-rpath,"$out/lib"
+}
+export TSAN_OPTIONS="exitcode=66 halt_on_error=0"
+
+# The probe: a race inside the library must be reported (exit 66, a frame in libsqdisc).
+build "$out/probe_race" c-tests/support/probe_race.c
+rc=0
+"$out/probe_race" > "$out/probe_race.log" 2>&1 || rc=$?
+if [ "$rc" -ne 66 ] || ! grep -q 'WARNING: ThreadSanitizer: data race' "$out/probe_race.log" \
+    || ! grep -q 'libsqdisc.so' "$out/probe_race.log"; then
+    echo "tsan: FAIL probe: expected exit 66 and a data race inside libsqdisc, got exit $rc" >&2
+    tail -n 40 "$out/probe_race.log" >&2
+    exit 1
+fi
+echo "tsan: PASS probe: a race inside the library is reported"
+
+failed=0
+for t in threads; do
+    build "$out/$t" "c-tests/$t.c"
+    rc=0
+    "$out/$t" > "$out/$t.log" 2>&1 || rc=$?
+    if [ "$rc" -eq 0 ] && ! grep -q 'ThreadSanitizer' "$out/$t.log"; then
+        echo "tsan: PASS $t"
+    else
+        echo "tsan: FAIL $t (exit $rc)"
+        tail -n 60 "$out/$t.log"
+        failed=1
+    fi
+done
+exit "$failed"
