@@ -50,6 +50,9 @@ pub(crate) struct CqShared {
     pub(crate) lock: Option<Arc<CqLock>>,
 }
 
+/// How many freed, abandoned queues' QP numbers a CQ remembers (see `CqState::retired`).
+const MAX_RETIRED: usize = 64;
+
 /// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
 pub type CqLock = parking_lot::ReentrantMutex<()>;
 
@@ -62,6 +65,9 @@ struct CqState {
     watch: Vec<u32>,
     /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
     srqs: Vec<(u32, Rc<SrqShared>, u32)>,
+    /// QP numbers of queues freed after an async event released everything: completions may still arrive for
+    /// them, carrying the library's wr_ids, and are dropped rather than passed through. Newest last, bounded.
+    retired: Vec<u32>,
     /// `capacity` and `tail_markers` (the data path's counters are in `CqShared::counts`).
     stats: CqStats,
 }
@@ -111,6 +117,7 @@ impl Cq {
                     by_qp: HashMap::new(),
                     watch: Vec::new(),
                     srqs: Vec::new(),
+                    retired: Vec::new(),
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 counts: Counts::default(),
@@ -144,6 +151,24 @@ impl Cq {
             stray: n.stray.get(),
             ..st.stats
         }
+    }
+
+    /// Re-reads the capacity the provider reports (`cq->cqe`) after the CQ was resized with `ibv_resize_cq`, so
+    /// that queues attached from now on are checked against it. Fails with `ENOSPC` (the new capacity is still
+    /// in force) when it is below what the attached queues reserve: a flush of them all could overrun the CQ.
+    pub fn update_capacity(&self) -> Result<u64> {
+        let capacity = self.shared.handle.current_cqe() as u64;
+        let mut st = self.shared.state.borrow_mut();
+        st.budget.set_capacity(capacity);
+        st.stats.capacity = capacity;
+        let reserved = st.budget.reserved();
+        if reserved > capacity {
+            return Err(Error::new(
+                libc::ENOSPC,
+                format!("the CQ now holds {capacity} CQEs but its {} queue(s) reserve {reserved}", st.budget.queues()),
+            ));
+        }
+        Ok(capacity)
     }
 
     /// Fails with `EBUSY` while queues are attached.
@@ -219,6 +244,7 @@ impl CqShared {
             st.table.push(None);
         }
         st.by_qp.insert(qp_num, index);
+        st.retired.retain(|&n| n != qp_num);
         // A queue is watched at most once at a time: with room for every table entry, `watch` never grows
         // (allocates) on the data path.
         let entries = st.table.len();
@@ -261,8 +287,14 @@ impl CqShared {
         self.state.borrow_mut().table[index as usize] = Some(q);
     }
 
-    pub(crate) fn detach(&self, index: u32, qp_num: u32, need: u64) {
+    pub(crate) fn detach(&self, index: u32, qp_num: u32, need: u64, abandoned: bool) {
         let mut st = self.state.borrow_mut();
+        if abandoned {
+            if st.retired.len() == MAX_RETIRED {
+                st.retired.remove(0);
+            }
+            st.retired.push(qp_num);
+        }
         st.table[index as usize] = None;
         st.by_qp.remove(&qp_num);
         st.free.push(index);
@@ -344,8 +376,14 @@ impl CqShared {
                     CqeFate::Stray
                 }
             }
-            None if self.state.borrow().by_qp.contains_key(&wc.qp_num) => CqeFate::Stray,
-            None => CqeFate::Passthrough,
+            None => {
+                let st = self.state.borrow();
+                if st.by_qp.contains_key(&wc.qp_num) || st.retired.contains(&wc.qp_num) {
+                    CqeFate::Stray
+                } else {
+                    CqeFate::Passthrough
+                }
+            }
         };
         let n = &self.counts;
         bump(&n.cqes, 1);

@@ -345,7 +345,7 @@ impl Queue {
             Some(r) if !same_cq => match r.shared.attach(qp_num, recv_need, &format!("rq_depth {}", c.rq_depth)) {
                 Ok(i) => i,
                 Err(e) => {
-                    send_cq.shared.detach(send_index, qp_num, send_need);
+                    send_cq.shared.detach(send_index, qp_num, send_need, false);
                     return Err(e);
                 }
             },
@@ -353,9 +353,9 @@ impl Queue {
         };
         if let (Some(srq), Some(r)) = (srq, recv_cq) {
             if let Err(e) = r.shared.attach_srq(&srq.shared) {
-                send_cq.shared.detach(send_index, qp_num, send_need);
+                send_cq.shared.detach(send_index, qp_num, send_need, false);
                 if !same_cq {
-                    r.shared.detach(recv_index, qp_num, recv_need);
+                    r.shared.detach(recv_index, qp_num, recv_need, false);
                 }
                 return Err(e);
             }
@@ -535,10 +535,11 @@ impl Drop for Queue {
             r.detach_srq(srq.id);
             srq.queues.set(srq.queues.get() - 1);
         }
-        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need);
+        let abandoned = s.state.borrow().send.is_abandoned();
+        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need, abandoned);
         if let Some(r) = &s.recv_cq {
             if !Rc::ptr_eq(r, &s.send_cq) {
-                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need);
+                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need, abandoned);
             }
         }
     }
