@@ -485,6 +485,16 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
 int32_t sqd_cq_poll(struct sqd_cq *cq, int32_t max, struct ibv_wc *wc);
 
 /**
+ * Call after `ibv_resize_cq` on a managed CQ: the library re-reads the capacity the provider now reports
+ * (`cq->cqe`) and checks queues attached from now on against it.
+ *
+ * Returns 0, or `-EINVAL` (NULL `cq`), `-ENOSPC` when the CQ was shrunk below what its attached queues
+ * reserve (the new capacity is in force: a flush of them all could overrun it; `sqd_last_error()` names the
+ * numbers).
+ */
+int32_t sqd_cq_update_capacity(const struct sqd_cq *cq);
+
+/**
  * Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);

@@ -407,6 +407,14 @@ int sqd_sim_dereg_mr(struct ibv_mr *mr);
 int sqd_sim_create_cq(const struct sqd_sim *sim, int cqe, struct ibv_cq **out);
 
 /**
+ * Resizes a CQ as `ibv_resize_cq` does: it holds `cqe` CQEs from now on (1..=4194304) and `cq->cqe` says so.
+ * Tell a `struct sqd_cq` managing it with `sqd_cq_update_capacity`. Errors: `-EINVAL` if `cq` is NULL or not a
+ * live sim CQ, or `cqe` is out of range or below the CQEs the CQ holds now.
+ */
+int sqd_sim_resize_cq(struct ibv_cq *cq,
+                      int cqe);
+
+/**
  * Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
  * its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
  * it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::*;
-use sqdisc::verbs::control::{register_device, Teardown};
+use sqdisc::verbs::control::{register_device, DeviceOps, Teardown};
 use sqdisc::{Completion, Deferred, InvalidateMode, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_NEVER_POSTED};
 
 const WR_LOCAL_INV: u32 = 7;
@@ -163,7 +163,7 @@ unsafe fn fake_dereg(mr: *mut rdma_sys::ibv_mr) -> i32 {
 fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     let rig = Rig::new(config(16, 2, 0), 64);
     let ctx = rig.dev.context();
-    register_device(ctx, fake_dereg);
+    register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None });
     // SAFETY: all-zero is a valid `ibv_mr`.
     let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
     mr.context = ctx;

@@ -613,3 +613,53 @@ fn scriptable_surface_maps_onto_the_model() {
     assert_eq!(s.deliver(qp, 1, None).unwrap_err().errno(), libc::ENOENT);
     assert_eq!(s.cq_stats(cq).unwrap().capacity, 16);
 }
+
+#[test]
+fn resize_cq_keeps_the_cqes_it_holds_and_a_managed_cq_learns_the_new_size() {
+    let p = Pair::new(cfg(), 8, 4);
+    let mut w = [wr(1, op::IBV_WR_RDMA_WRITE, SIGNALED, &[])];
+    // Zero-length writes need no rkey: three CQEs on a 4-entry CQ.
+    for i in 0..3 {
+        w[0].wr.wr_id = i;
+        assert_eq!(post(p.a, &mut w).0, 0);
+    }
+    p.dev.run_until_idle(1000).unwrap();
+    assert_eq!(p.dev.resize_cq(p.a_cq, 2).unwrap_err().errno(), libc::EINVAL, "below the 3 CQEs held");
+    p.dev.resize_cq(p.a_cq, 16).unwrap();
+    // SAFETY: a live CQ of the device.
+    assert_eq!(unsafe { (*p.a_cq).cqe }, 16);
+    assert_eq!(poll(p.a_cq, 16).len(), 3, "resizing loses no CQE");
+
+    // SAFETY: the CQ outlives the handle (dropped at the end of the test, before the device).
+    let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(p.b_cq) }.unwrap());
+    // SAFETY: a live QP of the device, which outlives the queue.
+    let b_qp = unsafe { sqdisc::verbs::QpHandle::from_raw(p.b) }.unwrap();
+    let cfg16 = sqdisc::QueueConfig { sq_depth: 8, max_send_sge: 4, ..Default::default() };
+    assert_eq!(cq.stats().capacity, 4);
+    p.dev.resize_cq(p.b_cq, 64).unwrap();
+    assert_eq!(cq.update_capacity().unwrap(), 64);
+    let q = sqdisc::Queue::new(&cq, None, b_qp, cfg16, None).expect("fits the resized CQ");
+    p.dev.resize_cq(p.b_cq, 4).unwrap();
+    let e = cq.update_capacity().unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    assert!(e.message().contains("holds 4") && e.message().contains("reserve 9"), "{}", e.message());
+    drop(q);
+}
+
+#[test]
+fn the_control_path_makes_and_destroys_srqs_on_the_software_hca_and_refuses_elsewhere() {
+    let p = Pair::new(cfg(), 8, 16);
+    // SAFETY: all-zero is a valid `ibv_srq_init_attr`.
+    let mut attr: rdma_sys::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+    attr.attr.max_wr = 100_000;
+    attr.attr.max_sge = 1;
+    // SAFETY: the device's live PD and a valid attribute struct.
+    let srq = unsafe { sqdisc::verbs::control::create_srq(p.dev.pd(), &mut attr) }.unwrap();
+    assert_eq!(attr.attr.max_wr, 32768, "granted attributes are written back");
+    // SAFETY: the SRQ just made, destroyed once.
+    assert_eq!(unsafe { sqdisc::verbs::control::destroy_srq(srq) }, 0);
+    // A device that registered no SRQ control path refuses rather than reaching libibverbs with its objects.
+    let scripted = sqdisc::scripted::ScriptedDevice::new();
+    // SAFETY: the scripted device's live PD; the call is refused before anything is read through it.
+    assert_eq!(unsafe { sqdisc::verbs::control::create_srq(scripted.pd(), &mut attr) }.unwrap_err(), libc::EOPNOTSUPP);
+}

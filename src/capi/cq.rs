@@ -117,6 +117,21 @@ pub extern "C" fn sqd_cq_poll(cq: *mut Cq, max: i32, wc: *mut ibv_wc) -> i32 {
     })
 }
 
+/// Call after `ibv_resize_cq` on a managed CQ: the library re-reads the capacity the provider now reports
+/// (`cq->cqe`) and checks queues attached from now on against it.
+///
+/// Returns 0, or `-EINVAL` (NULL `cq`), `-ENOSPC` when the CQ was shrunk below what its attached queues
+/// reserve (the new capacity is in force: a flush of them all could overrun it; `sqd_last_error()` names the
+/// numbers).
+#[no_mangle]
+pub extern "C" fn sqd_cq_update_capacity(cq: *const Cq) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq, "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        status(cq.update_capacity().map(|_| ()))
+    })
+}
+
 /// Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
 #[no_mangle]
 pub extern "C" fn sqd_cq_stats(cq: *const Cq, out: *mut CqStats) -> i32 {

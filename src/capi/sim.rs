@@ -192,6 +192,20 @@ pub extern "C" fn sqd_sim_create_cq(sim: *const SimDevice, cqe: c_int, out: *mut
     })
 }
 
+/// Resizes a CQ as `ibv_resize_cq` does: it holds `cqe` CQEs from now on (1..=4194304) and `cq->cqe` says so.
+/// Tell a `struct sqd_cq` managing it with `sqd_cq_update_capacity`. Errors: `-EINVAL` if `cq` is NULL or not a
+/// live sim CQ, or `cqe` is out of range or below the CQEs the CQ holds now.
+#[no_mangle]
+pub extern "C" fn sqd_sim_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    ffi_boundary!({
+        // SAFETY: `cq` is NULL or a live CQ made by `sqd_sim_create_cq`, whose sim is alive, as documented.
+        match unsafe { SimDevice::from_cq(cq) } {
+            Ok(sim) => status(sim.resize_cq(cq, cqe)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
 /// Destroys a CQ made by `sqd_sim_create_cq` or `sqd_sim_create_cq_ex`; its completion events still queued on
 /// its channel are discarded. Errors: `-EINVAL` if `cq` is NULL or not a live sim CQ; `-EBUSY` while a QP uses
 /// it, or while completion events taken for it are not all acknowledged (`sqd_sim_ack_cq_events`; libibverbs'

@@ -44,9 +44,15 @@ impl CqBudget {
         self.queues
     }
 
+    /// The CQ was resized: `capacity` is what it holds now. It may be below what is reserved (the CQ was
+    /// shrunk under its queues): then nothing more fits until queues detach.
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+    }
+
     /// Reserves `need` CQEs, or fails with `ENOSPC` and a message that names the numbers.
     pub fn reserve(&mut self, need: u64, what: &str) -> Result<()> {
-        let free = self.capacity - self.reserved;
+        let free = self.capacity.saturating_sub(self.reserved);
         if need > free {
             return Err(Error::new(
                 libc::ENOSPC,
@@ -98,6 +104,21 @@ mod tests {
         b.release(49);
         b.reserve(2, "c").unwrap();
         assert_eq!((b.reserved(), b.queues()), (51, 2));
+    }
+
+    #[test]
+    fn resized_capacity_grows_and_shrinks_below_reserved_without_underflow() {
+        let mut b = CqBudget::new(10);
+        b.reserve(9, "a").unwrap();
+        b.set_capacity(20);
+        b.reserve(11, "b").unwrap();
+        b.set_capacity(8);
+        let e = b.reserve(1, "c").unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert!(e.message().contains("holds 8") && e.message().contains("0 are free"), "{}", e.message());
+        b.release(11);
+        b.release(9);
+        b.reserve(8, "d").unwrap();
     }
 
     #[test]

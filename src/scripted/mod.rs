@@ -289,7 +289,10 @@ impl ScriptedDevice {
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
-        crate::verbs::control::register_device(ctx.cast(), dereg_for_library);
+        crate::verbs::control::register_device(
+            ctx.cast(),
+            crate::verbs::control::DeviceOps { dereg_mr: dereg_for_library, create_srq: None, destroy_srq: None },
+        );
         device
     }
 

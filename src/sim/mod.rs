@@ -373,7 +373,14 @@ impl SimDevice {
         unsafe { (*ctx).device = &*device };
         // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
         // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead.
-        crate::verbs::control::register_device(ctx.cast(), dereg_for_library);
+        crate::verbs::control::register_device(
+            ctx.cast(),
+            crate::verbs::control::DeviceOps {
+                dereg_mr: dereg_for_library,
+                create_srq: Some(create_srq_for_library),
+                destroy_srq: Some(destroy_srq_for_library),
+            },
+        );
         Ok(device)
     }
 
@@ -581,6 +588,12 @@ impl SimDevice {
         self.model.lock().owns_channel(channel)
     }
 
+    /// Resizes a CQ as `ibv_resize_cq` does: it holds `cqe` CQEs from now on and `cq->cqe` says so; `EINVAL`
+    /// below the CQEs it holds now. A managed CQ learns the new size from `Cq::update_capacity`.
+    pub fn resize_cq(&self, cq: *mut ibv_cq, cqe: i32) -> Result<()> {
+        self.model.lock().resize_cq(cq, cqe)
+    }
+
     /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it. Its pointer dangles afterwards.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
         crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
@@ -755,6 +768,31 @@ impl SimDevice {
     /// The state a QP was made in, for tests: INIT until connected (RTS in null mode), ERR after an error.
     pub fn qp_state(&self, qp: *mut ibv_qp) -> Result<ibv_qp_state::Type> {
         self.model.lock().qp_state(qp)
+    }
+}
+
+/// The SRQ creation the device registers with [`crate::verbs::control::register_device`]: what
+/// [`SimDevice::create_srq`] does on the PD's device.
+///
+/// # Safety
+/// `pd` is a valid PD of a live sim device and `attr` a valid, writable attribute struct.
+unsafe fn create_srq_for_library(pd: *mut ibv_pd, attr: *mut rdma_sys::ibv_srq_init_attr) -> std::result::Result<*mut rdma_sys::ibv_srq, i32> {
+    // SAFETY: as this function's caller promises.
+    let device = unsafe { SimDevice::from_context((*pd).context) }.ok_or(libc::EINVAL)?;
+    // SAFETY: as this function's caller promises.
+    let attr = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+    device.create_srq(attr).map_err(|e| e.errno())
+}
+
+/// The SRQ destruction the device registers with [`crate::verbs::control::register_device`].
+///
+/// # Safety
+/// `srq` is a valid SRQ of a live sim device.
+unsafe fn destroy_srq_for_library(srq: *mut rdma_sys::ibv_srq) -> i32 {
+    // SAFETY: as this function's caller promises.
+    match unsafe { SimDevice::from_context((*srq).context) } {
+        Some(device) => device.destroy_srq(srq).err().map_or(0, |e| e.errno()),
+        None => libc::EINVAL,
     }
 }
 

@@ -983,6 +983,22 @@ impl Model {
         Ok(obj)
     }
 
+    /// `ibv_resize_cq`: the CQ holds `cqe` CQEs from now on (1..=4194304); `EINVAL` below the CQEs it holds now,
+    /// as `ibv_resize_cq(3)` requires. `cq->cqe` is updated (the granted size, which this device does not round).
+    pub(crate) fn resize_cq(&mut self, cq: *mut ibv_cq, cqe: i32) -> Result<()> {
+        let c = self.cqs.get_mut(&key(cq)).ok_or_else(|| Error::invalid("cq is not a CQ of this sim device"))?;
+        if !(1..=MAX_CQE).contains(&cqe) {
+            return Err(Error::invalid(format!("cqe {cqe} is outside 1..={MAX_CQE}")));
+        }
+        if (cqe as usize) < c.entries.len() {
+            return Err(Error::invalid(format!("cqe {cqe} is below the {} CQEs the CQ holds now", c.entries.len())));
+        }
+        c.capacity = cqe as usize;
+        // SAFETY: `c.obj` is the live CQ object this model owns; a field write, made under the device lock.
+        unsafe { (*c.obj).cqe = cqe };
+        Ok(())
+    }
+
     /// Destroys a CQ: `EBUSY` while a QP uses it, or while completion events taken from its channel are not
     /// all acknowledged (libibverbs' `ibv_destroy_cq` waits for them, `ibv_get_cq_event(3)`; the sim cannot
     /// wait for the caller itself, so it refuses). Its events still queued on the channel are discarded.

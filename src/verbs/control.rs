@@ -1,24 +1,42 @@
 //! Control-path calls the library makes only where the ULP asks for them (deferred deregistration and
-//! deallocation), and the table that lets a software device provide its own.
+//! deallocation, SRQs made on a ULP's behalf), and the table that lets a software device provide its own.
 //!
-//! `ibv_dereg_mr` is a libibverbs function that reaches the provider through private driver ops, so a device
-//! that only fills in the public ops table (the software HCA) registers its own deregistration here, keyed by
-//! its `struct ibv_context`. `ibv_dealloc_mw` goes through the public ops table and needs no entry.
+//! `ibv_dereg_mr`, `ibv_create_srq` and `ibv_destroy_srq` are libibverbs functions that reach the provider
+//! through private driver ops, so a device that only fills in the public ops table (the software HCA)
+//! registers its own versions here, keyed by its `struct ibv_context`. `ibv_dealloc_mw` goes through the public
+//! ops table and needs no entry.
 
 use std::sync::Mutex;
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_mw};
+use rdma_sys::{ibv_context, ibv_mr, ibv_mw, ibv_pd, ibv_srq, ibv_srq_init_attr};
 
 /// Deregisters an MR of one device; returns 0 or a positive errno, as `ibv_dereg_mr` does.
 pub type DeregMrFn = unsafe fn(*mut ibv_mr) -> i32;
+/// Creates an SRQ on a PD of one device, writing the granted attributes back, as `ibv_create_srq` does; a
+/// positive errno on failure.
+pub type CreateSrqFn = unsafe fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> std::result::Result<*mut ibv_srq, i32>;
+/// Destroys an SRQ of one device; 0 or a positive errno, as `ibv_destroy_srq` does.
+pub type DestroySrqFn = unsafe fn(*mut ibv_srq) -> i32;
 
-static DEVICES: Mutex<Vec<(usize, DeregMrFn)>> = Mutex::new(Vec::new());
+/// A software device's versions of the control-path calls.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceOps {
+    pub dereg_mr: DeregMrFn,
+    pub create_srq: Option<CreateSrqFn>,
+    pub destroy_srq: Option<DestroySrqFn>,
+}
 
-/// Makes `dereg` the deregistration of MRs whose `context` is `ctx` (until `unregister_device`).
-pub fn register_device(ctx: *mut ibv_context, dereg: DeregMrFn) {
+static DEVICES: Mutex<Vec<(usize, DeviceOps)>> = Mutex::new(Vec::new());
+
+fn device_ops(ctx: *mut ibv_context) -> Option<DeviceOps> {
+    DEVICES.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == ctx as usize).map(|(_, o)| *o)
+}
+
+/// Makes `ops` the control path of objects whose `context` is `ctx` (until `unregister_device`).
+pub fn register_device(ctx: *mut ibv_context, ops: DeviceOps) {
     let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     d.retain(|(c, _)| *c != ctx as usize);
-    d.push((ctx as usize, dereg));
+    d.push((ctx as usize, ops));
 }
 
 pub fn unregister_device(ctx: *mut ibv_context) {
@@ -31,13 +49,52 @@ pub fn unregister_device(ctx: *mut ibv_context) {
 /// `mr` is a valid MR that nothing uses any more and that is deregistered once.
 pub unsafe fn dereg_mr(mr: *mut ibv_mr) -> i32 {
     // SAFETY: `mr` is valid (caller's promise); a field read.
-    let ctx = unsafe { (*mr).context } as usize;
-    let own = DEVICES.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == ctx).map(|(_, f)| *f);
-    match own {
+    let ctx = unsafe { (*mr).context };
+    match device_ops(ctx) {
         // SAFETY: the device registered this function for its MRs; `mr` is one of them.
-        Some(f) => unsafe { f(mr) },
+        Some(ops) => unsafe { (ops.dereg_mr)(mr) },
         // SAFETY: a provider's MR, deregistered once (caller's promise).
         None => unsafe { rdma_sys::ibv_dereg_mr(mr) },
+    }
+}
+
+/// Creates an SRQ on `pd` from `attr` (granted attributes written back): through the device's registered
+/// function, else `ibv_create_srq`. A positive errno on failure.
+///
+/// # Safety
+/// `pd` is a valid PD and `attr` a valid, writable `struct ibv_srq_init_attr`.
+pub unsafe fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> std::result::Result<*mut ibv_srq, i32> {
+    // SAFETY: `pd` is valid (caller's promise); a field read.
+    let ctx = unsafe { (*pd).context };
+    match device_ops(ctx) {
+        // SAFETY: the device registered this function for its PDs; the caller's promise covers the arguments.
+        Some(DeviceOps { create_srq: Some(f), .. }) => unsafe { f(pd, attr) },
+        Some(_) => Err(libc::EOPNOTSUPP),
+        None => {
+            // SAFETY: a provider's PD and a valid attribute struct (caller's promise).
+            let srq = unsafe { rdma_sys::ibv_create_srq(pd, attr) };
+            if srq.is_null() {
+                Err(std::io::Error::last_os_error().raw_os_error().filter(|&e| e != 0).unwrap_or(libc::ENOMEM))
+            } else {
+                Ok(srq)
+            }
+        }
+    }
+}
+
+/// Destroys `srq`: through the device's registered function, else `ibv_destroy_srq`. 0 or a positive errno.
+///
+/// # Safety
+/// `srq` is a valid SRQ, destroyed once.
+pub unsafe fn destroy_srq(srq: *mut ibv_srq) -> i32 {
+    // SAFETY: `srq` is valid (caller's promise); a field read.
+    let ctx = unsafe { (*srq).context };
+    match device_ops(ctx) {
+        // SAFETY: the device registered this function for its SRQs; `srq` is one of them.
+        Some(DeviceOps { destroy_srq: Some(f), .. }) => unsafe { f(srq) },
+        Some(_) => libc::EOPNOTSUPP,
+        // SAFETY: a provider's SRQ, destroyed once (caller's promise).
+        None => unsafe { rdma_sys::ibv_destroy_srq(srq) },
     }
 }
 

@@ -6,8 +6,10 @@ use rdma_sys::{ibv_cq, ibv_wc};
 
 use crate::error::{Error, Result};
 
-type PollFn = unsafe extern "C" fn(*mut ibv_cq, i32, *mut ibv_wc) -> i32;
-type NotifyFn = unsafe extern "C" fn(*mut ibv_cq, i32) -> i32;
+/// A provider's `poll_cq` op.
+pub type PollFn = unsafe extern "C" fn(*mut ibv_cq, i32, *mut ibv_wc) -> i32;
+/// A provider's `req_notify_cq` op.
+pub type NotifyFn = unsafe extern "C" fn(*mut ibv_cq, i32) -> i32;
 
 #[derive(Debug)]
 pub struct CqHandle {
@@ -39,6 +41,26 @@ impl CqHandle {
         }
         super::managed::hold(cq.as_ptr(), ctx);
         Ok(CqHandle { cq, poll, notify, capacity: cqe as u32 })
+    }
+
+    /// Wraps a CQ whose provider ops are `poll` and `notify`, for code that has replaced the context's ops
+    /// table entries with its own (an interposer) and keeps the provider's originals.
+    ///
+    /// # Safety
+    /// As for [`CqHandle::from_raw`]; `poll` and `notify` are the provider's ops for `cq`.
+    pub unsafe fn from_raw_with_ops(cq: *mut ibv_cq, poll: PollFn, notify: Option<NotifyFn>) -> Result<CqHandle> {
+        // SAFETY: the caller's promise, as `from_raw` needs it.
+        let mut h = unsafe { CqHandle::from_raw(cq) }?;
+        h.poll = poll;
+        h.notify = notify;
+        Ok(h)
+    }
+
+    /// The `cqe` the provider reports now: larger or smaller than `capacity()` after `ibv_resize_cq`.
+    pub fn current_cqe(&self) -> u32 {
+        // SAFETY: the handle's contract keeps the CQ valid; a field read.
+        let cqe = unsafe { (*self.cq.as_ptr()).cqe };
+        cqe.max(0) as u32
     }
 
     /// The CQE capacity the provider granted (`cq->cqe` at attach time).

@@ -16,7 +16,7 @@ pub mod verify;
 mod wr;
 
 pub use callback::{ForeignDeferred, ForeignRelease};
-pub use cq::CqHandle;
+pub use cq::{CqHandle, NotifyFn, PollFn};
 pub use qp::{PostFailure, QpHandle};
 pub use srq::SrqHandle;
 pub use staged::{pump_backlog, StagedWr};
