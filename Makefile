@@ -46,13 +46,22 @@ STAGE_PKG_CONFIG := PKG_CONFIG_SYSROOT_DIR=$(STAGE) PKG_CONFIG_PATH=$(STAGE)$(ST
 	PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config
 C_STRICT := -std=c11 -Wall -Wextra -Wpedantic -Werror
 
-.PHONY: all help deps test header check-headers check-symbols check-installed-symbols stage c-tests \
+# libsqdisc_spdk, the SPDK RDMA provider (spdk/): versioned on its own, in spdk/Cargo.toml.
+SPDK_VERSION := $(shell awk -F'"' '/^\[/ { pkg = ($$0 == "[package]") } pkg && /^version *=/ { print $$2; exit }' spdk/Cargo.toml)
+SPDK_MAJOR := $(word 1,$(subst ., ,$(SPDK_VERSION)))
+SPDK_SO := libsqdisc_spdk.so
+SPDK_SONAME := $(SPDK_SO).$(SPDK_MAJOR)
+SPDK_REAL := $(SPDK_SO).$(SPDK_VERSION)
+SPDK_A := libsqdisc_spdk.a
+
+.PHONY: all help deps spdk-shim spdk-cargo-release check-spdk-symbols test header check-headers check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
 	@echo 'make check      everything CI runs: deps, cargo test, header/ABI checks, C tests, install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
+	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make bench      instruction counts against raw verbs on the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
@@ -65,7 +74,7 @@ help:
 	@echo 'make deps       install the Debian packages the build and checks need (as root)'
 	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
 
-all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc
+all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc spdk-shim
 
 deps:
 	bash scripts/install-deps.sh
@@ -74,9 +83,13 @@ deps:
 
 # One cargo invocation builds the shared and the static library; rustc's note on the native libraries a
 # static link needs (replayed by cargo when nothing was rebuilt) becomes the Libs.private of sqdisc.pc.
+# The soname and the export list (only sqd_* leaves libsqdisc.so, so two Rust-built libraries in one C
+# program cannot clash) are link arguments of this invocation alone: a build script's would also reach every
+# cdylib that depends on the crate, such as libsqdisc_spdk.
+SQDISC_LINK_ARGS := -C link-arg=-Wl,-soname,$(LIB_SONAME) -C link-arg=-Wl,--version-script=$(CURDIR)/src/capi/sqdisc.map
 cargo-release:
 	@mkdir -p $(BUILD)
-	$(CARGO) rustc --release --lib -- --print native-static-libs 2>&1 | tee $(BUILD)/cargo-release.log
+	$(CARGO) rustc --release --lib -- $(SQDISC_LINK_ARGS) --print native-static-libs 2>&1 | tee $(BUILD)/cargo-release.log
 	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/cargo-release.log | tail -n 1); \
 	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
 	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
@@ -103,6 +116,57 @@ $(BUILD)/lib/$(LIB_A): cargo-release
 	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc.keep $(BUILD)/obj/sqdisc-merged.o $(BUILD)/obj/sqdisc.o
 	rm -f $@ && $(AR) rcs $@ $(BUILD)/obj/sqdisc.o
 
+# ---- libsqdisc_spdk --------------------------------------------------------------------------------------
+
+# Both libraries come from the crate's staticlib, merged into one object whose only global symbols are the
+# provider's: rustc's own export list for a cdylib would also export every sqd_* function of the sqdisc core
+# linked into it. The shared library leaves SPDK's functions it calls (spdk_rdma_cm_*, spdk_rdma_utils_*,
+# spdk_log) undefined, to be bound to SPDK's libraries in the process that loads it.
+spdk-shim: $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(BUILD)/sqdisc_spdk.pc
+
+spdk-cargo-release:
+	@mkdir -p $(BUILD)
+	$(CARGO) rustc -p sqdisc-spdk --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
+		| tee $(BUILD)/spdk-cargo-release.log
+	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/spdk-cargo-release.log | tail -n 1); \
+	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
+	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
+	printf '%s\n' "$$libs" > $(BUILD)/spdk-native-static-libs.new; \
+	cmp -s $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs 2>/dev/null \
+		&& rm $(BUILD)/spdk-native-static-libs.new || mv $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs
+
+$(BUILD)/obj/sqdisc_spdk.o: spdk-cargo-release
+	@mkdir -p $(@D)
+	$(LD_R) -r --whole-archive $(RELEASE_DIR)/$(SPDK_A) -o $(BUILD)/obj/sqdisc_spdk-merged.o
+	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $(BUILD)/obj/sqdisc_spdk-merged.o
+	$(NM) -g --defined-only $(BUILD)/obj/sqdisc_spdk-merged.o \
+		| awk '$$3 ~ /^(spdk_rdma_provider_|sqd_spdk_)/ { print $$3 }' > $(BUILD)/obj/sqdisc_spdk.keep
+	@test "$$(grep -c '^spdk_rdma_provider_' $(BUILD)/obj/sqdisc_spdk.keep)" = 14 \
+		|| { echo "error: $(RELEASE_DIR)/$(SPDK_A) does not define the 14 provider functions" >&2; exit 1; }
+	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc_spdk.keep $(BUILD)/obj/sqdisc_spdk-merged.o $@
+
+$(BUILD)/lib/$(SPDK_A): $(BUILD)/obj/sqdisc_spdk.o
+	@mkdir -p $(@D)
+	rm -f $@ && $(AR) rcs $@ $<
+
+$(BUILD)/lib/$(SPDK_REAL): $(BUILD)/obj/sqdisc_spdk.o
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< -Wl,-soname,$(SPDK_SONAME) -Wl,-z,relro,-z,now -Wl,--gc-sections \
+		$$(cat $(BUILD)/spdk-native-static-libs) -libverbs
+	ln -sfn $(SPDK_REAL) $(@D)/$(SPDK_SONAME)
+	ln -sfn $(SPDK_SONAME) $(@D)/$(SPDK_SO)
+
+$(BUILD)/sqdisc_spdk.pc: pkgconfig/sqdisc_spdk.pc.in spdk-cargo-release
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|' \
+	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	    -e 's|@VERSION@|$(SPDK_VERSION)|' \
+	    -e "s|@LIBS_PRIVATE@|$$(cat $(BUILD)/spdk-native-static-libs)|" $< > $@
+
+check-spdk-symbols: spdk-shim
+	bash scripts/check-spdk-symbols.sh $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(SPDK_SONAME)
+
 $(BUILD)/sqdisc.pc: pkgconfig/sqdisc.pc.in cargo-release
 	@mkdir -p $(@D)
 	sed -e 's|@PREFIX@|$(PREFIX)|' \
@@ -121,12 +185,20 @@ install: all
 	install -m 0644 $(BUILD)/lib/$(LIB_A) $(DESTDIR)$(LIBDIR)/$(LIB_A)
 	install -m 0644 $(wildcard include/*.h) $(DESTDIR)$(INCLUDEDIR)/
 	install -m 0644 $(BUILD)/sqdisc.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+	install -m 0755 $(BUILD)/lib/$(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_REAL)
+	ln -sfn $(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_SONAME)
+	ln -sfn $(SPDK_SONAME) $(DESTDIR)$(LIBDIR)/$(SPDK_SO)
+	install -m 0644 $(BUILD)/lib/$(SPDK_A) $(DESTDIR)$(LIBDIR)/$(SPDK_A)
+	install -m 0644 spdk/include/sqdisc_spdk.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 $(BUILD)/sqdisc_spdk.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
 	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_A)
 	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_SONAME) $(DESTDIR)$(LIBDIR)/$(SPDK_SO)
+	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_A) $(DESTDIR)$(INCLUDEDIR)/sqdisc_spdk.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
 
 # ---- headers ---------------------------------------------------------------------------------------------
 
@@ -139,7 +211,7 @@ check-headers:
 # ---- checks ----------------------------------------------------------------------------------------------
 
 test:
-	$(CARGO) test --no-fail-fast
+	$(CARGO) test --workspace --no-fail-fast
 
 check-symbols: all
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) include
@@ -167,6 +239,7 @@ check:
 	$(MAKE) --no-print-directory check-headers
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory check-symbols
+	$(MAKE) --no-print-directory check-spdk-symbols
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory c-tests

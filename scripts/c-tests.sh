@@ -33,6 +33,21 @@ for i in "${!static_libs[@]}"; do
     [ "${static_libs[$i]}" = -lsqdisc ] && static_libs[$i]="-Wl,-Bstatic -lsqdisc -Wl,-Bdynamic"
 done
 read -r -a static_libs <<< "${static_libs[*]}"
+# c-tests/spdk_*.c drive libsqdisc_spdk, the SPDK provider, on the software HCA of libsqdisc: they link both,
+# and export their stand-ins for SPDK's functions to the provider (-rdynamic).
+if [ ! -f "$stage_lib/pkgconfig/sqdisc_spdk.pc" ]; then
+    echo "c-tests: the staged install has no sqdisc_spdk.pc (run \`make stage\`)" >&2
+    exit 1
+fi
+read -r -a spdk_cflags <<< "$(pc --cflags sqdisc_spdk sqdisc)"
+read -r -a spdk_libs <<< "-rdynamic $(pc --libs sqdisc_spdk sqdisc)"
+read -r -a spdk_static_libs <<< "-rdynamic $(pc --static --libs sqdisc_spdk sqdisc)"
+for i in "${!spdk_static_libs[@]}"; do
+    case ${spdk_static_libs[$i]} in
+        -lsqdisc|-lsqdisc_spdk) spdk_static_libs[$i]="-Wl,-Bstatic ${spdk_static_libs[$i]} -Wl,-Bdynamic" ;;
+    esac
+done
+read -r -a spdk_static_libs <<< "${spdk_static_libs[*]}"
 
 rm -rf "$out"
 mkdir -p "$out"/{dynamic,static,sanitize,probes,logs}
@@ -99,16 +114,21 @@ tests+=("$out/gen/readme_snippet.c")
 for src in "${tests[@]}"; do
     t=$(basename "$src" .c)
     logs=$out/logs/$t
+    if [[ $t == spdk_* ]]; then
+        t_cflags=("${spdk_cflags[@]}") t_libs=("${spdk_libs[@]}") t_static_libs=("${spdk_static_libs[@]}")
+    else
+        t_cflags=("${cflags[@]}") t_libs=("${libs[@]}") t_static_libs=("${static_libs[@]}")
+    fi
 
     # dynamic
     exe=$out/dynamic/$t
-    if ! "$CC" "${CFLAGS_STRICT[@]}" "${cflags[@]}" "$src" -o "$exe" "${libs[@]}" > "$logs.dynamic.build" 2>&1; then
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${t_cflags[@]}" "$src" -o "$exe" "${t_libs[@]}" > "$logs.dynamic.build" 2>&1; then
         fail "$t [dynamic]: build" "$logs.dynamic.build"
         for mode in static sanitize valgrind; do fail "$t [$mode]: not run, the dynamic build failed"; done
         continue
     fi
-    resolved=$(LD_LIBRARY_PATH=$stage_lib ldd "$exe" | awk '$1 ~ /^libsqdisc\.so/ { print $3 }')
-    if [[ $resolved != "$stage_lib"/* ]]; then
+    resolved=$(LD_LIBRARY_PATH=$stage_lib ldd "$exe" | awk '$1 ~ /^libsqdisc(_spdk)?\.so/ { print $3 }')
+    if [ -z "$resolved" ] || grep -qv "^$stage_lib/" <<<"$resolved"; then
         echo "libsqdisc resolves to '$resolved'" > "$logs.dynamic.run"
         fail "$t [dynamic]: libsqdisc does not come from the stage" "$logs.dynamic.run"
     elif run_dyn "$logs.dynamic.run" "$exe"; then
@@ -119,7 +139,7 @@ for src in "${tests[@]}"; do
 
     # static
     exe_s=$out/static/$t
-    if ! "$CC" "${CFLAGS_STRICT[@]}" "${cflags[@]}" "$src" -o "$exe_s" "${static_libs[@]}" > "$logs.static.build" 2>&1; then
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${t_cflags[@]}" "$src" -o "$exe_s" "${t_static_libs[@]}" > "$logs.static.build" 2>&1; then
         fail "$t [static]: build" "$logs.static.build"
     elif ! readelf -d "$exe_s" > "$logs.static.dynamic" || grep -q 'NEEDED.*libsqdisc' "$logs.static.dynamic"; then
         cp "$logs.static.dynamic" "$logs.static.build"
@@ -132,7 +152,7 @@ for src in "${tests[@]}"; do
 
     # sanitize
     exe_z=$out/sanitize/$t
-    if ! "$CC" "${CFLAGS_STRICT[@]}" "${SANITIZE[@]}" "${cflags[@]}" "$src" -o "$exe_z" "${libs[@]}" \
+    if ! "$CC" "${CFLAGS_STRICT[@]}" "${SANITIZE[@]}" "${t_cflags[@]}" "$src" -o "$exe_z" "${t_libs[@]}" \
         > "$logs.sanitize.build" 2>&1; then
         fail "$t [sanitize]: build" "$logs.sanitize.build"
     elif ! nm "$exe_z" > "$logs.sanitize.nm" || ! grep -q '__asan_init' "$logs.sanitize.nm" \

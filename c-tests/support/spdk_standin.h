@@ -1,0 +1,141 @@
+/* Stand-ins for what libsqdisc_spdk calls outside sqdisc, so that the SPDK provider runs on the software HCA
+ * in a test program without SPDK:
+ *   - SPDK's rdma_cm wrappers (spdk_rdma_cm_create_qp / destroy_qp / accept / disconnect), on sqd_sim_*:
+ *     disconnect moves the QP to the error state, as rdma_disconnect does for IB and RoCE;
+ *   - SPDK's memory-domain refcount (spdk_rdma_utils_get/put_memory_domain) and its logger (spdk_log);
+ *   - libibverbs' ibv_create_srq / ibv_destroy_srq, which reach a provider through private driver ops the
+ *     software HCA does not have: these definitions in the program take precedence over libibverbs'.
+ * The program must export them to the shared library (link with -rdynamic). Include this file in one
+ * translation unit, after setting standin.sim to the device. It counts every call so tests can check them. */
+
+#ifndef SQDISC_C_TESTS_SPDK_STANDIN_H
+#define SQDISC_C_TESTS_SPDK_STANDIN_H
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <sqdisc_sim.h>
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+struct spdk_memory_domain {
+    int refs;
+};
+
+static struct {
+    struct sqd_sim *sim;
+    int create_qp_fail;            /* make the next spdk_rdma_cm_create_qp fail with this errno */
+    int create_qp, destroy_qp, accept, disconnect;
+    int srqs_created, srqs_destroyed;
+    struct spdk_memory_domain domain;
+    int logs, errors;
+    char last_log[512];
+} standin;
+
+int spdk_rdma_cm_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+void spdk_rdma_cm_destroy_qp(struct rdma_cm_id *id);
+int spdk_rdma_cm_accept(struct rdma_cm_id *id, struct rdma_conn_param *param);
+int spdk_rdma_cm_disconnect(struct rdma_cm_id *id);
+struct spdk_memory_domain *spdk_rdma_utils_get_memory_domain(struct ibv_pd *pd);
+int spdk_rdma_utils_put_memory_domain(struct spdk_memory_domain *domain);
+void spdk_log(int level, const char *file, const int line, const char *func, const char *format, ...);
+
+int spdk_rdma_cm_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct ibv_qp *qp = NULL;
+    int rc;
+    (void)pd;
+    standin.create_qp++;
+    if (standin.create_qp_fail) {
+        errno = standin.create_qp_fail;
+        standin.create_qp_fail = 0;
+        return -1;
+    }
+    rc = sqd_sim_create_qp(standin.sim, attr, &qp);
+    if (rc) {
+        errno = -rc;
+        return -1;
+    }
+    id->qp = qp;
+    return 0;
+}
+
+void spdk_rdma_cm_destroy_qp(struct rdma_cm_id *id)
+{
+    standin.destroy_qp++;
+    if (id->qp && sqd_sim_destroy_qp(id->qp) == 0)
+        id->qp = NULL;
+}
+
+int spdk_rdma_cm_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+    (void)id;
+    (void)param;
+    standin.accept++;
+    return 0;
+}
+
+int spdk_rdma_cm_disconnect(struct rdma_cm_id *id)
+{
+    standin.disconnect++;
+    if (!id->qp || sqd_sim_set_error(id->qp) != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    return 0;
+}
+
+struct spdk_memory_domain *spdk_rdma_utils_get_memory_domain(struct ibv_pd *pd)
+{
+    (void)pd;
+    standin.domain.refs++;
+    return &standin.domain;
+}
+
+int spdk_rdma_utils_put_memory_domain(struct spdk_memory_domain *domain)
+{
+    if (domain != &standin.domain || domain->refs <= 0)
+        return -EINVAL;
+    domain->refs--;
+    return 0;
+}
+
+void spdk_log(int level, const char *file, const int line, const char *func, const char *format, ...)
+{
+    va_list ap;
+    (void)file;
+    (void)line;
+    (void)func;
+    standin.logs++;
+    if (level == 0)
+        standin.errors++;
+    va_start(ap, format);
+    vsnprintf(standin.last_log, sizeof standin.last_log, format, ap);
+    va_end(ap);
+}
+
+struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    struct ibv_srq *srq = NULL;
+    int rc;
+    (void)pd;
+    rc = sqd_sim_create_srq(standin.sim, attr, &srq);
+    if (rc) {
+        errno = -rc;
+        return NULL;
+    }
+    standin.srqs_created++;
+    return srq;
+}
+
+int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    int rc = sqd_sim_destroy_srq(srq);
+    if (rc == 0)
+        standin.srqs_destroyed++;
+    return -rc;
+}
+
+#endif

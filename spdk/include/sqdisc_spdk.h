@@ -1,0 +1,162 @@
+/*
+ * libsqdisc_spdk: an SPDK RDMA provider backed by sqdisc.
+ *
+ * The library exports SPDK's 14 RDMA provider functions (spdk_rdma_provider_*) with SPDK's signatures and
+ * structure layouts, so that it can take the place of SPDK's libspdk_rdma_provider; docs/spdk.md tells how.
+ * SPDK itself includes its own declarations (include/spdk_internal/rdma_provider.h): this header is for
+ * programs outside SPDK that drive the provider (tests, tools), and for the two sqd_spdk_* functions that
+ * read a qpair's and a CQ's sqdisc counters.
+ *
+ * The declarations below match SPDK v25.05, v25.09, v26.01 and v26.09-pre (commit 3230130e6a) on LP64
+ * platforms; SQD_SPDK_ASSERT_LAYOUT pins every size and offset at compile time. If SPDK's header was included
+ * first (SPDK_RDMA_H defined), SPDK's declarations are used and only the sqd_spdk_* functions are added.
+ *
+ * Thread safety: as SPDK's provider. The functions of one qpair or SRQ are called from one thread at a time
+ * (its poll group's); qpairs and SRQs of different poll groups may be used from different threads at once.
+ */
+#ifndef SQDISC_SPDK_H
+#define SQDISC_SPDK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <sqdisc.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef SPDK_RDMA_H
+/* ---- SPDK's provider interface, as SPDK declares it ------------------------------------------------- */
+
+struct spdk_memory_domain;
+
+/* Counters the provider keeps for SPDK: WRs handed to queue_*, doorbells rung by flush_*. */
+struct spdk_rdma_provider_wr_stats {
+	uint64_t num_submitted_wrs;
+	uint64_t doorbell_updates;
+};
+
+struct spdk_rdma_provider_qp_stats {
+	struct spdk_rdma_provider_wr_stats send;
+	struct spdk_rdma_provider_wr_stats recv;
+};
+
+/* SPDK's spdk_memory_domain_transfer_data_cb; the sqdisc provider refuses qpairs that set it. */
+typedef int (*sqd_spdk_domain_transfer_fn)(void);
+
+struct spdk_rdma_provider_qp_init_attr {
+	void *qp_context;
+	struct ibv_cq *send_cq;
+	struct ibv_cq *recv_cq;
+	struct ibv_srq *srq;
+	struct ibv_qp_cap cap; /* requested; the granted caps are written back */
+	struct ibv_pd *pd;
+	struct spdk_rdma_provider_qp_stats *stats; /* shared counters, or NULL for the qpair's own */
+	sqd_spdk_domain_transfer_fn domain_transfer;
+};
+
+struct spdk_rdma_provider_send_wr_list {
+	struct ibv_send_wr *first;
+	struct ibv_send_wr *last;
+};
+
+struct spdk_rdma_provider_recv_wr_list {
+	struct ibv_recv_wr *first;
+	struct ibv_recv_wr *last;
+};
+
+/* A qpair. SPDK reads qp and domain; the rest is the provider's. */
+struct spdk_rdma_provider_qp {
+	struct ibv_qp *qp;
+	struct rdma_cm_id *cm_id;
+	struct spdk_memory_domain *domain;
+	struct spdk_rdma_provider_send_wr_list send_wrs;
+	struct spdk_rdma_provider_recv_wr_list recv_wrs;
+	struct spdk_rdma_provider_qp_stats *stats;
+	bool shared_stats;
+};
+
+struct spdk_rdma_provider_srq_init_attr {
+	struct ibv_pd *pd;
+	struct spdk_rdma_provider_wr_stats *stats; /* shared counters, or NULL */
+	struct ibv_srq_init_attr srq_init_attr;    /* requested; the granted attributes are written back */
+};
+
+struct spdk_rdma_provider_srq {
+	struct ibv_srq *srq;
+	struct spdk_rdma_provider_recv_wr_list recv_wrs;
+	struct spdk_rdma_provider_wr_stats *stats;
+	bool shared_stats;
+};
+
+/* Creates an SRQ on init_attr->pd, managed by sqdisc. NULL on failure (logged through spdk_log). */
+struct spdk_rdma_provider_srq *spdk_rdma_provider_srq_create(struct spdk_rdma_provider_srq_init_attr *init_attr);
+/* Destroys an SRQ (NULL: 0). Receives still posted are released; EBUSY while qpairs still use it. */
+int spdk_rdma_provider_srq_destroy(struct spdk_rdma_provider_srq *rdma_srq);
+/* Appends a chain of receives to the SRQ's list; true iff the list was empty. */
+bool spdk_rdma_provider_srq_queue_recv_wrs(struct spdk_rdma_provider_srq *rdma_srq, struct ibv_recv_wr *first);
+/* Posts the queued receives in order; on failure returns an errno and *bad_wr is the first not posted. */
+int spdk_rdma_provider_srq_flush_recv_wrs(struct spdk_rdma_provider_srq *rdma_srq, struct ibv_recv_wr **bad_wr);
+
+/* Creates the qpair's RC QP (spdk_rdma_cm_create_qp) and puts it under a sqdisc queue on its CQs. NULL when
+ * the QP cannot be made, or when its worst case (max_send_wr + 1 CQEs on the send CQ, max_recv_wr on the
+ * receive CQ, an SRQ's depth once per CQ) does not fit what the CQs have left: the reason goes to spdk_log. */
+struct spdk_rdma_provider_qp *spdk_rdma_provider_qp_create(struct rdma_cm_id *cm_id,
+		struct spdk_rdma_provider_qp_init_attr *qp_attr);
+int spdk_rdma_provider_qp_accept(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct rdma_conn_param *conn_param);
+int spdk_rdma_provider_qp_complete_connect(struct spdk_rdma_provider_qp *spdk_rdma_qp);
+/* Destroys the qpair and its QP. WRs still outstanding are released; their completions never reach SPDK. */
+void spdk_rdma_provider_qp_destroy(struct spdk_rdma_provider_qp *spdk_rdma_qp);
+/* Disconnects (spdk_rdma_cm_disconnect): the QP goes to the error state and every outstanding WR flushes. */
+int spdk_rdma_provider_qp_disconnect(struct spdk_rdma_provider_qp *spdk_rdma_qp);
+/* Appends a chain of send WRs to the qpair's list; true iff the list was empty. */
+bool spdk_rdma_provider_qp_queue_send_wrs(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct ibv_send_wr *first);
+/* Hands the queued WRs to the sqdisc queue in order (SQ slots, else its backlog: never ENOMEM); on failure
+ * returns an errno and *bad_wr is the chain of exactly the WRs not taken. */
+int spdk_rdma_provider_qp_flush_send_wrs(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct ibv_send_wr **bad_wr);
+bool spdk_rdma_provider_qp_queue_recv_wrs(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct ibv_recv_wr *first);
+int spdk_rdma_provider_qp_flush_recv_wrs(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct ibv_recv_wr **bad_wr);
+/* false: the sqdisc provider does not support accel sequences (as SPDK's verbs provider). */
+bool spdk_rdma_provider_accel_sequence_supported(void);
+
+#ifdef SQD_SPDK_ASSERT_LAYOUT
+#include <stddef.h>
+_Static_assert(sizeof(struct spdk_rdma_provider_qp_init_attr) == 80 &&
+	       offsetof(struct spdk_rdma_provider_qp_init_attr, cap) == 32 &&
+	       offsetof(struct spdk_rdma_provider_qp_init_attr, pd) == 56 &&
+	       offsetof(struct spdk_rdma_provider_qp_init_attr, domain_transfer) == 72, "qp_init_attr layout");
+_Static_assert(sizeof(struct spdk_rdma_provider_qp) == 72 &&
+	       offsetof(struct spdk_rdma_provider_qp, domain) == 16 &&
+	       offsetof(struct spdk_rdma_provider_qp, send_wrs) == 24 &&
+	       offsetof(struct spdk_rdma_provider_qp, recv_wrs) == 40 &&
+	       offsetof(struct spdk_rdma_provider_qp, stats) == 56 &&
+	       offsetof(struct spdk_rdma_provider_qp, shared_stats) == 64, "qp layout");
+_Static_assert(sizeof(struct spdk_rdma_provider_srq_init_attr) == 40 &&
+	       offsetof(struct spdk_rdma_provider_srq_init_attr, srq_init_attr) == 16, "srq_init_attr layout");
+_Static_assert(sizeof(struct spdk_rdma_provider_srq) == 40 &&
+	       offsetof(struct spdk_rdma_provider_srq, stats) == 24 &&
+	       offsetof(struct spdk_rdma_provider_srq, shared_stats) == 32, "srq layout");
+_Static_assert(sizeof(struct spdk_rdma_provider_qp_stats) == 32, "qp_stats layout");
+#endif
+#endif /* SPDK_RDMA_H */
+
+/* ---- sqdisc's view -------------------------------------------------------------------------------- */
+
+/* The SPDK releases whose provider interface this library implements. */
+#define SQD_SPDK_INTERFACE "SPDK v25.05 - v26.09-pre (rdma_provider.h unchanged since commit d1c46ed8e5)"
+
+/* Copies the sqdisc counters of a qpair's queue (credits, backlog, CQEs, markers...) into *out. Returns 0 or
+ * -EINVAL (NULL argument). */
+int sqd_spdk_qp_stats(const struct spdk_rdma_provider_qp *qp, struct sqd_queue_stats *out);
+
+/* Copies the sqdisc counters of a CQ that qpairs of this provider use (capacity, reserved CQEs, CQEs
+ * passed through...) into *out. Returns 0, -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
+int sqd_spdk_cq_stats(struct ibv_cq *cq, struct sqd_cq_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SQDISC_SPDK_H */

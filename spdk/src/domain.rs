@@ -1,0 +1,92 @@
+//! Lock domains: sqdisc's objects are single-threaded (`Rc` inside), SPDK calls the provider and polls its
+//! CQs from the thread of each poll group. A domain is a lock over one group of sqdisc objects that use each
+//! other — the managed CQs, the queues on them and an SRQ they receive from — and every use of any of them,
+//! creation and drop included, happens with that lock held. Poll groups never share CQs or SRQs in SPDK, so
+//! each gets its own domain and pollers on different threads never wait for each other.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
+use rdma_sys::{ibv_cq, ibv_wc};
+
+/// Work completions the provider owes SPDK that no CQE carries (WRs flushed before they reached the SQ), in
+/// the order raw verbs would have delivered them; returned by the next polls of their CQ before new CQEs.
+pub(crate) type Pending = Rc<RefCell<VecDeque<ibv_wc>>>;
+
+/// One `ibv_cq` under management.
+pub(crate) struct ManagedCq {
+    pub cq: *mut ibv_cq,
+    pub sqd: sqdisc::Cq,
+    pub pending: Pending,
+}
+
+pub(crate) struct DomainState {
+    pub cqs: Vec<ManagedCq>,
+}
+
+impl DomainState {
+    pub fn cq(&self, cq: *mut ibv_cq) -> Option<&ManagedCq> {
+        self.cqs.iter().find(|m| m.cq == cq)
+    }
+}
+
+pub(crate) struct Domain {
+    state: ReentrantMutex<RefCell<DomainState>>,
+}
+
+// SAFETY: a domain's state (and every `Guarded` value of the domain) holds `Rc`-based sqdisc objects that refer
+// only to each other; all of them are created, used and dropped with the domain's lock held, so their
+// non-atomic reference counts and cells are never touched by two threads at once, and the lock orders the
+// accesses of successive threads.
+unsafe impl Send for DomainState {}
+
+impl Domain {
+    pub fn new() -> Arc<Domain> {
+        Arc::new(Domain { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) })
+    }
+
+    pub fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<DomainState>> {
+        self.state.lock()
+    }
+}
+
+/// A value of a domain (a queue, an SRQ): reachable only with its domain's lock held, dropped under it.
+pub(crate) struct Guarded<T> {
+    domain: Arc<Domain>,
+    value: ManuallyDrop<T>,
+}
+
+// SAFETY: the value is only reached through `with`, which holds the domain's lock, and dropped under it (see
+// `DomainState`'s Send).
+unsafe impl<T> Send for Guarded<T> {}
+// SAFETY: as above: shared references give no access without the lock.
+unsafe impl<T> Sync for Guarded<T> {}
+
+impl<T> Guarded<T> {
+    /// Wraps a value made while holding `domain`'s lock.
+    pub fn new(domain: Arc<Domain>, value: T) -> Guarded<T> {
+        Guarded { domain, value: ManuallyDrop::new(value) }
+    }
+
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Runs `f` with the value and the domain's state, under the domain's lock.
+    pub fn with<R>(&self, f: impl FnOnce(&T, &RefCell<DomainState>) -> R) -> R {
+        let guard = self.domain.lock();
+        f(&self.value, &guard)
+    }
+}
+
+impl<T> Drop for Guarded<T> {
+    fn drop(&mut self) {
+        let _held = self.domain.lock();
+        // SAFETY: dropped once, here; nothing reaches `value` after this.
+        unsafe { ManuallyDrop::drop(&mut self.value) };
+    }
+}

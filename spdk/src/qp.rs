@@ -1,0 +1,505 @@
+//! The qpair functions: create a QP through SPDK's rdma_cm layer and put it under a sqdisc queue; queue and
+//! flush WR lists through it; destroy.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::ptr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_cq, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_opcode, ibv_wc_status};
+use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
+use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler};
+
+use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
+use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
+use crate::{interpose, log_error, srq};
+
+/// What SPDK holds as `struct spdk_rdma_provider_qp *`: SPDK's public part first, then ours.
+#[repr(C)]
+pub(crate) struct ShimQp {
+    pub public: ProviderQp,
+    pub state: Option<Guarded<QpState>>,
+    owned_stats: Option<Box<QpStats>>,
+}
+
+pub(crate) struct QpState {
+    pub queue: Queue,
+    qp_num: u32,
+    pending: Pending,
+    /// Set while the qpair is destroyed: releases then owe SPDK nothing.
+    destroying: Rc<Cell<bool>>,
+}
+
+fn flush_wc(wr_id: u64, opcode: u32, qp_num: u32) -> ibv_wc {
+    // SAFETY: `ibv_wc` is plain data; all zeroes is a valid value.
+    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+    wc.wr_id = wr_id;
+    wc.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = opcode as ibv_wc_opcode::Type;
+    wc.qp_num = qp_num;
+    wc
+}
+
+/// Finds the domain the new qpair's CQs and SRQ live in, or a new one; `None` if they are in different ones.
+fn pick_domain(send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, srq: Option<&Arc<Domain>>) -> Option<Arc<Domain>> {
+    let mut found: Vec<Arc<Domain>> = [interpose::domain_of(send_cq), interpose::domain_of(recv_cq), srq.cloned()]
+        .into_iter()
+        .flatten()
+        .collect();
+    found.dedup_by(|a, b| Arc::ptr_eq(a, b));
+    match found.len() {
+        0 => Some(Domain::new()),
+        1 => found.pop(),
+        _ if found.iter().all(|d| Arc::ptr_eq(d, &found[0])) => found.pop(),
+        _ => None,
+    }
+}
+
+/// Makes `cq` a managed CQ of the domain (or refreshes its capacity after an `ibv_resize_cq`).
+fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> Result<(), String> {
+    if let Some(m) = state.cq(cq) {
+        // A shrunk CQ is refused by the queue's own budget check below, with the numbers.
+        let _ = m.sqd.update_capacity();
+        return Ok(());
+    }
+    // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs.
+    let originals = unsafe { interpose::install((*cq).context) }?;
+    // SAFETY: as above; the originals are the provider's own ops for this CQ's context.
+    let handle = unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) }.map_err(|e| e.message().to_owned())?;
+    state.cqs.push(ManagedCq { cq, sqd: sqdisc::Cq::new(handle), pending: Pending::default() });
+    interpose::manage(cq, domain);
+    Ok(())
+}
+
+/// Stops managing CQs of the domain that no queue uses any more.
+fn release_unused_cqs(state: &mut DomainState) {
+    state.cqs.retain(|m| {
+        let used = m.sqd.queue_count() > 0;
+        if !used {
+            interpose::unmanage(m.cq);
+        }
+        used
+    });
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id, qp_attr: *mut QpInitAttr) -> *mut ProviderQp {
+    crate::boundary(ptr::null_mut(), || {
+        // SAFETY: SPDK passes a valid init attr struct, or NULL.
+        let Some(attr) = (unsafe { qp_attr.as_mut() }) else {
+            log_error("qp_create: qp_attr is NULL");
+            return ptr::null_mut();
+        };
+        if cm_id.is_null() || attr.pd.is_null() || attr.send_cq.is_null() || attr.recv_cq.is_null() {
+            log_error("qp_create: cm_id, pd, send_cq and recv_cq are required");
+            return ptr::null_mut();
+        }
+        if attr.domain_transfer.is_some() {
+            log_error("qp_create: memory domain transfer is not supported by the sqdisc provider");
+            return ptr::null_mut();
+        }
+        // SAFETY: a non-NULL `srq` SPDK passes is one it made with `spdk_rdma_provider_srq_create`.
+        let srq = unsafe { srq::lookup(attr.srq) };
+        if !attr.srq.is_null() && srq.is_none() {
+            log_error("qp_create: the SRQ was not made by spdk_rdma_provider_srq_create");
+            return ptr::null_mut();
+        }
+        let Some(domain) = pick_domain(attr.send_cq, attr.recv_cq, srq.map(|s| s.domain())) else {
+            log_error("qp_create: the qpair's CQs and SRQ belong to different poll groups");
+            return ptr::null_mut();
+        };
+        // SAFETY: `ibv_qp_init_attr` is plain data; all zeroes is valid (and what SPDK starts from).
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.qp_context = attr.qp_context;
+        init.send_cq = attr.send_cq;
+        init.recv_cq = attr.recv_cq;
+        init.srq = attr.srq;
+        init.cap = attr.cap;
+        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        // SAFETY: SPDK's rdma_cm layer, called as its verbs provider calls it.
+        let rc = unsafe { abi::spdk_rdma_cm_create_qp(cm_id, attr.pd, &mut init) };
+        if rc != 0 {
+            log_error(&format!("qp_create: spdk_rdma_cm_create_qp failed ({rc}, errno {})", std::io::Error::last_os_error()));
+            return ptr::null_mut();
+        }
+        // SAFETY: `cm_id` is live; create_qp stored the new QP in it.
+        let qp = unsafe { (*cm_id).qp };
+        let state = match manage(&domain, qp, &init, srq) {
+            Ok(s) => s,
+            Err(msg) => {
+                log_error(&format!("qp_create: {msg}"));
+                // SAFETY: the QP made above, not yet seen by SPDK.
+                unsafe { abi::spdk_rdma_cm_destroy_qp(cm_id) };
+                return ptr::null_mut();
+            }
+        };
+        // SAFETY: SPDK's rdma_utils, as its verbs provider calls it.
+        let mem_domain = unsafe { abi::spdk_rdma_utils_get_memory_domain(attr.pd) };
+        let (stats, owned_stats) = if attr.stats.is_null() {
+            let mut b = Box::new(QpStats::default());
+            (&mut *b as *mut QpStats, Some(b))
+        } else {
+            (attr.stats, None)
+        };
+        let shim = Box::new(ShimQp {
+            public: ProviderQp {
+                qp,
+                cm_id,
+                domain: mem_domain,
+                send_wrs: abi::SendWrList { first: ptr::null_mut(), last: ptr::null_mut() },
+                recv_wrs: abi::RecvWrList { first: ptr::null_mut(), last: ptr::null_mut() },
+                stats,
+                shared_stats: owned_stats.is_none(),
+            },
+            state: Some(state),
+            owned_stats,
+        });
+        let raw = Box::into_raw(shim).cast::<ProviderQp>();
+        if mem_domain.is_null() {
+            log_error("qp_create: spdk_rdma_utils_get_memory_domain failed");
+            spdk_rdma_provider_qp_destroy(raw);
+            return ptr::null_mut();
+        }
+        attr.cap = init.cap;
+        raw
+    })
+}
+
+/// Puts the new QP under a queue of `domain`.
+fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_attr, srq: Option<&Guarded<srq::SrqState>>) -> Result<Guarded<QpState>, String> {
+    let held = domain.lock();
+    let result = (|| {
+        let mut st = held.borrow_mut();
+        ensure_cq(&mut st, domain, init.send_cq)?;
+        ensure_cq(&mut st, domain, init.recv_cq)?;
+        let st = &*st;
+        let send = st.cq(init.send_cq).expect("just managed");
+        let recv = st.cq(init.recv_cq).expect("just managed");
+        // SAFETY: the QP SPDK's rdma_cm layer just made; it lives until the qpair is destroyed, after the queue.
+        let qph = unsafe { QpHandle::from_raw(qp) }.map_err(|e| e.message().to_owned())?;
+        let qp_num = qph.qp_num();
+        let with_rq = init.srq.is_null() && init.cap.max_recv_wr > 0;
+        let config = QueueConfig {
+            sq_depth: init.cap.max_send_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_inline_data: init.cap.max_inline_data,
+            rq_depth: if with_rq { init.cap.max_recv_wr } else { 0 },
+            signal_interval: 0,
+            // SPDK never has more than max_send_wr WRs outstanding, so this is room for all it can post.
+            backlog_depth: init.cap.max_send_wr,
+            verify_buffers: false,
+        };
+        let pending = send.pending.clone();
+        let destroying = Rc::new(Cell::new(false));
+        let release = {
+            let pending = pending.clone();
+            let destroying = destroying.clone();
+            // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs would have
+            // flushed it with its own completion, signaled or not, and SPDK counts on it.
+            ReleaseHandler::Closure(Box::new(move |c: &Completion| {
+                if c.never_posted() && !c.is_recv() && !destroying.get() {
+                    pending.borrow_mut().push_back(flush_wc(c.wr_id, c.opcode, qp_num));
+                }
+            }))
+        };
+        let queue = match srq {
+            Some(s) => s.with(|s, _| Queue::with_srq(&send.sqd, &recv.sqd, &s.srq, qph, config, Some(release))),
+            None if with_rq => Queue::new(&send.sqd, Some(&recv.sqd), qph, config, Some(release)),
+            None => Queue::new(&send.sqd, None, qph, config, Some(release)),
+        }
+        .map_err(|e| e.message().to_owned())?;
+        Ok(QpState { queue, qp_num, pending, destroying })
+    })();
+    match result {
+        Ok(state) => Ok(Guarded::new(domain.clone(), state)),
+        Err(e) => {
+            release_unused_cqs(&mut held.borrow_mut());
+            Err(e)
+        }
+    }
+}
+
+/// # Safety
+/// `qp` is NULL or a qpair made by `spdk_rdma_provider_qp_create`, not destroyed.
+unsafe fn shim<'a>(qp: *mut ProviderQp) -> Option<&'a mut ShimQp> {
+    // SAFETY: `ProviderQp` is the first field of the `#[repr(C)]` `ShimQp` the pointer came from.
+    unsafe { qp.cast::<ShimQp>().as_mut() }
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_accept(qp: *mut ProviderQp, conn_param: *mut rdma_sys::rdma_conn_param) -> c_int {
+    crate::boundary(-libc::EINVAL, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return -libc::EINVAL };
+        // SAFETY: SPDK's rdma_cm layer, as its verbs provider calls it.
+        unsafe { abi::spdk_rdma_cm_accept(s.public.cm_id, conn_param) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_complete_connect(_qp: *mut ProviderQp) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int {
+    crate::boundary(-libc::EINVAL, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return -libc::EINVAL };
+        if s.public.cm_id.is_null() {
+            return 0;
+        }
+        // SAFETY: SPDK's rdma_cm layer; for IB and RoCE it moves the QP to the error state, so every WR still
+        // outstanding flushes with its own completion, which the queue reaps and passes on.
+        let rc = unsafe { abi::spdk_rdma_cm_disconnect(s.public.cm_id) };
+        if rc != 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            // SAFETY: a live QP's context and device, field reads.
+            let iwarp = unsafe { (*(*(*s.public.qp).context).device).transport_type } == rdma_sys::ibv_transport_type::IBV_TRANSPORT_IWARP;
+            // iWARP moves the QP to error before the disconnect, which then fails with EINVAL: not an error.
+            if errno == libc::EINVAL && iwarp {
+                return 0;
+            }
+            log_error(&format!("qp_disconnect: spdk_rdma_cm_disconnect failed (errno {errno})"));
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
+    crate::boundary((), || {
+        if qp.is_null() {
+            return;
+        }
+        // SAFETY: SPDK hands back a qpair made by `spdk_rdma_provider_qp_create`, once.
+        let mut s = unsafe { Box::from_raw(qp.cast::<ShimQp>()) };
+        if !s.public.send_wrs.first.is_null() {
+            crate::log_warn("qp_destroy: destroying a qpair with queued work requests");
+        }
+        let state = s.state.take();
+        if let Some(state) = &state {
+            state.with(|q, _| {
+                q.destroying.set(true);
+                // SPDK is done with the qpair: whatever is still outstanding is released now, and completions
+                // that still arrive for it are dropped by the CQ instead of reaching SPDK.
+                if q.queue.check_free().is_err() {
+                    let _ = q.queue.on_async_event(rdma_sys::ibv_event_type::IBV_EVENT_QP_FATAL as u32);
+                }
+                let qp_num = q.qp_num;
+                q.pending.borrow_mut().retain(|wc| wc.qp_num != qp_num);
+            });
+        }
+        if !s.public.qp.is_null() {
+            // SAFETY: SPDK's rdma_cm layer destroys the QP it made for this qpair, once. Providers discard the
+            // CQEs of a destroyed QP that are still in its CQs (mlx5, the software HCA).
+            unsafe { abi::spdk_rdma_cm_destroy_qp(s.public.cm_id) };
+        }
+        if let Some(state) = state {
+            let domain = state.domain().clone();
+            let held = domain.lock();
+            drop(state);
+            release_unused_cqs(&mut held.borrow_mut());
+        }
+        if !s.public.domain.is_null() {
+            // SAFETY: the domain taken in qp_create, put back once.
+            unsafe { abi::spdk_rdma_utils_put_memory_domain(s.public.domain) };
+        }
+        drop(s.owned_stats.take());
+    })
+}
+
+/// Appends `first..` to `list`; true if the list was empty.
+///
+/// # Safety
+/// `first` is a valid chain; `list` holds a valid chain or is empty.
+pub(crate) unsafe fn append<W>(first_slot: &mut *mut W, last_slot: &mut *mut W, first: *mut W, next: impl Fn(*mut W) -> *mut *mut W) -> (bool, u64) {
+    let mut count = 1;
+    let mut last = first;
+    // SAFETY: the caller's chain is valid: each `next` is NULL or a valid WR.
+    while !unsafe { *next(last) }.is_null() {
+        // SAFETY: as above.
+        last = unsafe { *next(last) };
+        count += 1;
+    }
+    let was_empty = first_slot.is_null();
+    if was_empty {
+        *first_slot = first;
+    } else {
+        // SAFETY: `last_slot` is the valid last WR of the queued list.
+        unsafe { *next(*last_slot) = first };
+    }
+    *last_slot = last;
+    (was_empty, count)
+}
+
+pub(crate) fn send_next(w: *mut ibv_send_wr) -> *mut *mut ibv_send_wr {
+    // SAFETY: only called on valid WRs (see `append`).
+    unsafe { ptr::addr_of_mut!((*w).next) }
+}
+
+pub(crate) fn recv_next(w: *mut ibv_recv_wr) -> *mut *mut ibv_recv_wr {
+    // SAFETY: only called on valid WRs (see `append`).
+    unsafe { ptr::addr_of_mut!((*w).next) }
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_queue_send_wrs(qp: *mut ProviderQp, first: *mut ibv_send_wr) -> bool {
+    crate::boundary(false, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return false };
+        if first.is_null() {
+            return false;
+        }
+        let l = &mut s.public.send_wrs;
+        // SAFETY: SPDK's chain is valid and stays so until flushed; the list holds chains it queued before.
+        let (was_empty, n) = unsafe { append(&mut l.first, &mut l.last, first, send_next) };
+        // SAFETY: `stats` is SPDK's shared counters or ours, alive as long as the qpair.
+        unsafe { (*s.public.stats).send.num_submitted_wrs += n };
+        was_empty
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    crate::boundary(libc::EINVAL, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return libc::EINVAL };
+        if bad_wr.is_null() {
+            return libc::EINVAL;
+        }
+        let first = s.public.send_wrs.first;
+        if first.is_null() {
+            return 0;
+        }
+        s.public.send_wrs.first = ptr::null_mut();
+        // SAFETY: as above.
+        unsafe { (*s.public.stats).send.doorbell_updates += 1 };
+        let Some(state) = &s.state else { return libc::EINVAL };
+        let result = state.with(|q, _| {
+            // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
+            let chain = unsafe { SendChain::from_raw(first) };
+            match q.queue.post_send(chain) {
+                Ok(()) => Ok(()),
+                Err(e) if e.error.errno() == libc::EIO && q.queue.stats().failed_status != 0 => {
+                    // The QP failed: raw verbs would take these WRs and flush each with its own completion.
+                    // Owe SPDK those, after the flushes of everything posted before them.
+                    let mut owed = VecDeque::new();
+                    let mut w = e.bad.as_ptr();
+                    while !w.is_null() {
+                        // SAFETY: SPDK's valid chain.
+                        let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
+                        owed.push_back(flush_wc(wr_id, sqdisc::discipline::opcode::wc_opcode(opcode).map_or(0, u32::from), q.qp_num));
+                        w = next;
+                    }
+                    let pending = q.pending.clone();
+                    q.queue.defer(Deferred::Closure(Box::new(move || pending.borrow_mut().extend(owed))));
+                    Ok(())
+                }
+                Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
+            }
+        });
+        match result {
+            Ok(()) => {
+                // SAFETY: checked non-NULL above.
+                unsafe { *bad_wr = ptr::null_mut() };
+                0
+            }
+            Err((errno, bad)) => {
+                // SAFETY: as above.
+                unsafe { *bad_wr = bad };
+                errno
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_queue_recv_wrs(qp: *mut ProviderQp, first: *mut ibv_recv_wr) -> bool {
+    crate::boundary(false, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return false };
+        if first.is_null() {
+            return false;
+        }
+        let l = &mut s.public.recv_wrs;
+        // SAFETY: as for sends.
+        let (was_empty, n) = unsafe { append(&mut l.first, &mut l.last, first, recv_next) };
+        // SAFETY: as for sends.
+        unsafe { (*s.public.stats).recv.num_submitted_wrs += n };
+        was_empty
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_qp_flush_recv_wrs(qp: *mut ProviderQp, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    crate::boundary(libc::EINVAL, || {
+        // SAFETY: SPDK passes its live qpair.
+        let Some(s) = (unsafe { shim(qp) }) else { return libc::EINVAL };
+        if bad_wr.is_null() {
+            return libc::EINVAL;
+        }
+        let first = s.public.recv_wrs.first;
+        if first.is_null() {
+            return 0;
+        }
+        s.public.recv_wrs.first = ptr::null_mut();
+        // SAFETY: as for sends.
+        unsafe { (*s.public.stats).recv.doorbell_updates += 1 };
+        let Some(state) = &s.state else { return libc::EINVAL };
+        let result = state.with(|q, _| {
+            // SAFETY: SPDK's queued chain, valid for this call.
+            let chain = unsafe { RecvChain::from_raw(first) };
+            q.queue.post_recv(chain).map_err(|e| (e.error.errno(), e.bad.as_ptr()))
+        });
+        let (rc, bad) = match result {
+            Ok(()) => (0, ptr::null_mut()),
+            Err((errno, bad)) => (errno, bad),
+        };
+        // SAFETY: checked non-NULL above.
+        unsafe { *bad_wr = bad };
+        rc
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn spdk_rdma_provider_accel_sequence_supported() -> bool {
+    false
+}
+
+/// Copies the sqdisc counters of a qpair's queue into `*out` (`struct sqd_queue_stats`, from sqdisc.h).
+/// Returns 0, or `-EINVAL` (NULL argument, a qpair being destroyed).
+#[no_mangle]
+pub extern "C" fn sqd_spdk_qp_stats(qp: *const ProviderQp, out: *mut sqdisc::QueueStats) -> c_int {
+    crate::boundary(-libc::EINVAL, || {
+        // SAFETY: the caller passes a live qpair, or NULL.
+        let Some(s) = (unsafe { shim(qp.cast_mut()) }) else { return -libc::EINVAL };
+        // SAFETY: the caller's writable struct, or NULL.
+        let Some(out) = (unsafe { out.as_mut() }) else { return -libc::EINVAL };
+        let Some(state) = &s.state else { return -libc::EINVAL };
+        *out = state.with(|q, _| q.queue.stats());
+        0
+    })
+}
+
+/// Copies the sqdisc counters of a managed CQ into `*out` (`struct sqd_cq_stats`). Returns 0, `-EINVAL` (NULL
+/// argument), or `-ENOENT` (no qpair of this provider uses `cq` now).
+#[no_mangle]
+pub extern "C" fn sqd_spdk_cq_stats(cq: *mut ibv_cq, out: *mut sqdisc::CqStats) -> c_int {
+    crate::boundary(-libc::EINVAL, || {
+        // SAFETY: the caller's writable struct, or NULL.
+        let Some(out) = (unsafe { out.as_mut() }) else { return -libc::EINVAL };
+        let Some(domain) = interpose::domain_of(cq) else { return -libc::ENOENT };
+        let held = domain.lock();
+        let st = held.borrow();
+        match st.cq(cq) {
+            Some(m) => {
+                *out = m.sqd.stats();
+                0
+            }
+            None => -libc::ENOENT,
+        }
+    })
+}
