@@ -10,190 +10,7 @@
 
 #include "support/spdk_standin.h"
 
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-static const char *current = "setup";
-
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s: %s:%d: %s (last spdk_log: %s)\n", current, __FILE__, __LINE__, #cond,  \
-                    standin.last_log);                                                                       \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                                       \
-    do {                                                                                                     \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                                  \
-        if (a_ != b_) {                                                                                      \
-            fprintf(stderr, "FAIL %s: %s:%d: %s == %lld, expected %s == %lld (last spdk_log: %s)\n", current, \
-                    __FILE__, __LINE__, #a, a_, #b, b_, standin.last_log);                                   \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-/* ---- a target qpair (through the provider) connected to a peer QP (raw, on the same device) --------------- */
-
-#define BUF 4096
-
-struct peer {
-    struct ibv_cq *cq;
-    struct ibv_qp *qp;
-    struct ibv_mr *mr;
-    char *buf;
-};
-
-struct world {
-    struct sqd_sim *sim;
-    struct ibv_pd *pd;
-    struct ibv_cq *cq; /* the poll group's CQ, made and polled by "SPDK" */
-    char *buf;         /* the target's data buffer */
-    struct ibv_mr *mr;
-    struct peer peer;
-};
-
-static void world_new(struct world *w, const struct sqd_sim_config *cfg, int cqe)
-{
-    struct sqd_sim_config def;
-    memset(w, 0, sizeof *w);
-    if (!cfg) {
-        sqd_sim_config_default(&def);
-        cfg = &def;
-    }
-    CHECK_EQ(sqd_sim_new(cfg, &w->sim), 0);
-    standin.sim = w->sim;
-    w->pd = sqd_sim_pd(w->sim);
-    CHECK_EQ(sqd_sim_create_cq(w->sim, cqe, &w->cq), 0);
-    w->buf = calloc(1, BUF);
-    w->peer.buf = calloc(1, BUF);
-    CHECK(w->buf && w->peer.buf);
-    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    CHECK_EQ(sqd_sim_reg_mr(w->sim, w->buf, BUF, access, &w->mr), 0);
-    CHECK_EQ(sqd_sim_reg_mr(w->sim, w->peer.buf, BUF, access, &w->peer.mr), 0);
-    CHECK_EQ(sqd_sim_create_cq(w->sim, 4096, &w->peer.cq), 0);
-}
-
-/* A peer QP with `recvs` receives posted, connected to `qp`. */
-static struct ibv_qp *peer_connect(struct world *w, struct ibv_qp *qp, int recvs)
-{
-    struct ibv_qp_init_attr a;
-    struct sqd_sim_conn_attr conn = {.rnr_retry = SQD_SIM_RNR_RETRY_FOREVER, .retry_cnt = 7, .max_rd_atomic = 16};
-    struct ibv_qp *p = NULL;
-    memset(&a, 0, sizeof a);
-    a.send_cq = a.recv_cq = w->peer.cq;
-    a.qp_type = IBV_QPT_RC;
-    a.cap.max_send_wr = 64;
-    a.cap.max_recv_wr = 1024;
-    a.cap.max_send_sge = a.cap.max_recv_sge = 4;
-    CHECK_EQ(sqd_sim_create_qp(w->sim, &a, &p), 0);
-    for (int i = 0; i < recvs; i++) {
-        struct ibv_sge sge = {.addr = (uintptr_t)w->peer.buf, .length = 64, .lkey = w->peer.mr->lkey};
-        struct ibv_recv_wr r = {.wr_id = 0x9000u + (unsigned)i, .sg_list = &sge, .num_sge = 1}, *bad = NULL;
-        CHECK_EQ(ibv_post_recv(p, &r, &bad), 0);
-    }
-    CHECK_EQ(sqd_sim_connect(qp, p, &conn), 0);
-    w->peer.qp = p;
-    return p;
-}
-
-static void world_free(struct world *w)
-{
-    if (w->peer.qp)
-        CHECK_EQ(sqd_sim_destroy_qp(w->peer.qp), 0);
-    CHECK_EQ(sqd_sim_destroy_cq(w->peer.cq), 0);
-    CHECK_EQ(sqd_sim_destroy_cq(w->cq), 0);
-    CHECK_EQ(sqd_sim_dereg_mr(w->mr), 0);
-    CHECK_EQ(sqd_sim_dereg_mr(w->peer.mr), 0);
-    CHECK_EQ(sqd_sim_violation_count(w->sim), 0);
-    sqd_sim_free(w->sim);
-    free(w->buf);
-    free(w->peer.buf);
-    CHECK_EQ(standin.domain.refs, 0);
-}
-
-static struct spdk_rdma_provider_qp *qpair_new(struct world *w, struct rdma_cm_id *id, uint32_t send, uint32_t recv,
-                                               struct ibv_srq *srq, struct spdk_rdma_provider_qp_stats *stats)
-{
-    struct spdk_rdma_provider_qp_init_attr a;
-    memset(&a, 0, sizeof a);
-    memset(id, 0, sizeof *id);
-    a.qp_context = id;
-    a.send_cq = a.recv_cq = w->cq;
-    a.srq = srq;
-    a.pd = w->pd;
-    a.cap.max_send_wr = send;
-    a.cap.max_recv_wr = srq ? 0 : recv;
-    a.cap.max_send_sge = 4;
-    a.cap.max_recv_sge = 1;
-    a.stats = stats;
-    return spdk_rdma_provider_qp_create(id, &a);
-}
-
-static void sge_of(struct world *w, struct ibv_sge *s, uint32_t off, uint32_t len)
-{
-    s->addr = (uintptr_t)w->buf + off;
-    s->length = len;
-    s->lkey = w->mr->lkey;
-}
-
-/* SPDK's WRs: an RDMA WRITE (unsignaled unless asked) and a SEND. */
-static void write_wr(struct world *w, struct ibv_send_wr *wr, struct ibv_sge *s, uint64_t id, int signaled)
-{
-    memset(wr, 0, sizeof *wr);
-    sge_of(w, s, (uint32_t)(id % 32) * 64, 64);
-    wr->wr_id = id;
-    wr->opcode = IBV_WR_RDMA_WRITE;
-    wr->sg_list = s;
-    wr->num_sge = 1;
-    wr->send_flags = signaled ? IBV_SEND_SIGNALED : 0;
-    wr->wr.rdma.remote_addr = (uintptr_t)w->peer.buf + 2048;
-    wr->wr.rdma.rkey = w->peer.mr->rkey;
-}
-
-static void send_wr(struct world *w, struct ibv_send_wr *wr, struct ibv_sge *s, uint64_t id)
-{
-    memset(wr, 0, sizeof *wr);
-    sge_of(w, s, 3072, 16);
-    wr->wr_id = id;
-    wr->opcode = IBV_WR_SEND;
-    wr->sg_list = s;
-    wr->num_sge = 1;
-    wr->send_flags = IBV_SEND_SIGNALED;
-}
-
-static void link_wrs(struct ibv_send_wr *wrs, int n)
-{
-    for (int i = 0; i < n; i++)
-        wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
-}
-
-/* Polls the poll group's CQ as SPDK does (ibv_poll_cq, batches of 32) until `want` completions arrived or
- * `rounds` polls found nothing; returns how many, stored in `out`. */
-static int reap(struct world *w, struct ibv_wc *out, int cap, int want, int rounds)
-{
-    int got = 0, idle = 0;
-    while (got < want && idle < rounds) {
-        int room = cap - got < 32 ? cap - got : 32;
-        int n = ibv_poll_cq(w->cq, room, out + got);
-        CHECK(n >= 0);
-        got += n;
-        idle = n ? 0 : idle + 1;
-        if (got == cap)
-            break;
-    }
-    return got;
-}
-
-static struct sqd_queue_stats qstats(const struct spdk_rdma_provider_qp *q)
-{
-    struct sqd_queue_stats s;
-    CHECK_EQ(sqd_spdk_qp_stats(q, &s), 0);
-    return s;
-}
+#include "support/spdk_world.h"
 
 static int a_transfer_callback(void)
 {
@@ -229,19 +46,25 @@ static void create_writes_back_caps_and_refuses_what_it_cannot_do(void)
     CHECK(standin.errors == errors + 1 && strstr(standin.last_log, "memory domain transfer"));
     a.domain_transfer = NULL;
 
-    /* The CQ is far too small for 32768 sends: the qpair is refused with the numbers, no QP is left over. */
+    /* The CQ is far too small for 32768 sends and cannot grow (as on iWARP): the qpair is refused, with the
+     * numbers, and no QP is left over. */
     int made = standin.create_qp, destroyed = standin.destroy_qp;
+    standin.resize_fail = EOPNOTSUPP;
     CHECK(spdk_rdma_provider_qp_create(&id, &a) == NULL);
     CHECK(strstr(standin.last_log, "CQ too small") != NULL);
+    CHECK(strstr(standin.last_log, "ibv_resize_cq failed") != NULL);
     CHECK_EQ(standin.create_qp, made + 1);
     CHECK_EQ(standin.destroy_qp, destroyed + 1);
     CHECK_EQ(sqd_spdk_cq_stats(w.cq, &(struct sqd_cq_stats){0}), -ENOENT);
+    standin.resize_fail = 0;
 
     /* SPDK grows the CQ (ibv_resize_cq) before it adds a qpair: the provider reads the new size. */
     CHECK_EQ(sqd_sim_resize_cq(w.cq, 40000), 0);
     a.stats = &shared;
+    int resizes = standin.resizes;
     struct spdk_rdma_provider_qp *q = spdk_rdma_provider_qp_create(&id, &a);
     CHECK(q != NULL);
+    CHECK_EQ(standin.resizes, resizes);
     CHECK_EQ(a.cap.max_send_wr, 32768);
     CHECK(q->qp == id.qp && q->cm_id == &id && q->qp->qp_num != 0);
     CHECK(q->domain == (struct spdk_memory_domain *)&standin.domain && standin.domain.refs == 1);
@@ -251,6 +74,20 @@ static void create_writes_back_caps_and_refuses_what_it_cannot_do(void)
     CHECK_EQ(sqd_spdk_cq_stats(w.cq, &cs), 0);
     CHECK_EQ(cs.capacity, 40000);
     CHECK_EQ(cs.reserved, 32768 + 1 + 8);
+
+    /* A second one does not fit: the provider grows the CQ itself, by exactly what the qpair reserves. */
+    struct rdma_cm_id id3;
+    memset(&id3, 0, sizeof id3);
+    a.cap.max_send_wr = 100000;
+    a.cap.max_recv_wr = 8;
+    struct spdk_rdma_provider_qp *q3 = spdk_rdma_provider_qp_create(&id3, &a);
+    CHECK(q3 != NULL);
+    CHECK_EQ(standin.resizes, resizes + 1);
+    CHECK_EQ(sqd_spdk_cq_stats(w.cq, &cs), 0);
+    CHECK_EQ(cs.capacity, 2 * (32768 + 1 + 8));
+    CHECK_EQ(cs.reserved, cs.capacity);
+    CHECK_EQ(w.cq->cqe, cs.capacity);
+    spdk_rdma_provider_qp_destroy(q3);
     CHECK_EQ(spdk_rdma_provider_qp_accept(q, NULL), 0);
     CHECK_EQ(standin.accept, 1);
     CHECK_EQ(spdk_rdma_provider_qp_complete_connect(q), 0);

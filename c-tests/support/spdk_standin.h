@@ -3,8 +3,9 @@
  *   - SPDK's rdma_cm wrappers (spdk_rdma_cm_create_qp / destroy_qp / accept / disconnect), on sqd_sim_*:
  *     disconnect moves the QP to the error state, as rdma_disconnect does for IB and RoCE;
  *   - SPDK's memory-domain refcount (spdk_rdma_utils_get/put_memory_domain) and its logger (spdk_log);
- *   - libibverbs' ibv_create_srq / ibv_destroy_srq, which reach a provider through private driver ops the
- *     software HCA does not have: these definitions in the program take precedence over libibverbs'.
+ *   - libibverbs' ibv_create_srq / ibv_destroy_srq / ibv_resize_cq, which reach a provider through private
+ *     driver ops the software HCA does not have: these definitions in the program take precedence over
+ *     libibverbs'.
  * The program must export them to the shared library (link with -rdynamic). Include this file in one
  * translation unit, after setting standin.sim to the device. It counts every call so tests can check them. */
 
@@ -29,6 +30,8 @@ static struct {
     int create_qp_fail;            /* make the next spdk_rdma_cm_create_qp fail with this errno */
     int create_qp, destroy_qp, accept, disconnect;
     int srqs_created, srqs_destroyed;
+    int resize_fail;               /* make ibv_resize_cq fail with this errno (a device that cannot resize) */
+    int resizes;
     struct spdk_memory_domain domain;
     int logs, errors;
     char last_log[512];
@@ -136,6 +139,14 @@ int ibv_destroy_srq(struct ibv_srq *srq)
     if (rc == 0)
         standin.srqs_destroyed++;
     return -rc;
+}
+
+int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+    if (standin.resize_fail)
+        return standin.resize_fail;
+    standin.resizes++;
+    return -sqd_sim_resize_cq(cq, cqe);
 }
 
 #endif

@@ -73,6 +73,26 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
     Ok(())
 }
 
+/// Makes room for `extra` more reserved CQEs on `m` with `ibv_resize_cq`, as SPDK itself grows a poll group's
+/// CQ when it adds a qpair.
+fn grow(m: &ManagedCq, extra: u64) -> Result<(), String> {
+    if extra == 0 {
+        return Ok(());
+    }
+    let st = m.sqd.stats();
+    let want = st.reserved + extra;
+    if want <= st.capacity {
+        return Ok(());
+    }
+    let cqe = i32::try_from(want).map_err(|_| format!("a CQ of {want} CQEs is beyond what verbs can ask for"))?;
+    // SAFETY: a live CQ SPDK made; resizing keeps the CQEs it holds (ibv_resize_cq(3)).
+    let rc = unsafe { rdma_sys::ibv_resize_cq(m.cq, cqe) };
+    if rc != 0 {
+        return Err(format!("growing the CQ from {} to {want} CQEs with ibv_resize_cq failed (errno {rc})", st.capacity));
+    }
+    m.sqd.update_capacity().map(|_| ()).map_err(|e| e.message().to_owned())
+}
+
 /// Stops managing CQs of the domain that no queue uses any more.
 fn release_unused_cqs(state: &mut DomainState) {
     state.cqs.retain(|m| {
@@ -178,8 +198,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         let send = st.cq(init.send_cq).expect("just managed");
         let recv = st.cq(init.recv_cq).expect("just managed");
         // SAFETY: the QP SPDK's rdma_cm layer just made; it lives until the qpair is destroyed, after the queue.
-        let qph = unsafe { QpHandle::from_raw(qp) }.map_err(|e| e.message().to_owned())?;
-        let qp_num = qph.qp_num();
+        let qp_num = unsafe { QpHandle::from_raw(qp) }.map_err(|e| e.message().to_owned())?.qp_num();
         let with_rq = init.srq.is_null() && init.cap.max_recv_wr > 0;
         let config = QueueConfig {
             sq_depth: init.cap.max_send_wr,
@@ -193,23 +212,48 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
-        let release = {
+        let build = || {
             let pending = pending.clone();
             let destroying = destroying.clone();
             // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs would have
             // flushed it with its own completion, signaled or not, and SPDK counts on it.
-            ReleaseHandler::Closure(Box::new(move |c: &Completion| {
+            let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
                 if c.never_posted() && !c.is_recv() && !destroying.get() {
                     pending.borrow_mut().push_back(flush_wc(c.wr_id, c.opcode, qp_num));
                 }
-            }))
+            }));
+            // SAFETY: as above.
+            let qph = unsafe { QpHandle::from_raw(qp) }?;
+            match srq {
+                Some(s) => s.with(|s, _| Queue::with_srq(&send.sqd, &recv.sqd, &s.srq, qph, config, Some(release))),
+                None if with_rq => Queue::new(&send.sqd, Some(&recv.sqd), qph, config, Some(release)),
+                None => Queue::new(&send.sqd, None, qph, config, Some(release)),
+            }
         };
-        let queue = match srq {
-            Some(s) => s.with(|s, _| Queue::with_srq(&send.sqd, &recv.sqd, &s.srq, qph, config, Some(release))),
-            None if with_rq => Queue::new(&send.sqd, Some(&recv.sqd), qph, config, Some(release)),
-            None => Queue::new(&send.sqd, None, qph, config, Some(release)),
-        }
-        .map_err(|e| e.message().to_owned())?;
+        // The qpair's worst case must fit its CQs. SPDK sizes them by its own rules (with an SRQ, for the SRQ
+        // alone), so the CQ is grown here as SPDK grows it, ibv_resize_cq, first by the queue's own
+        // reservation, then by the SRQ's depth if it is the first of the SRQ's queues on that CQ.
+        let same = init.send_cq == init.recv_cq;
+        let srq_depth = srq.map_or(0, |s| s.with(|s, _| u64::from(s.srq.depth())));
+        let sends = u64::from(config.sq_depth) + 1;
+        let recvs = u64::from(config.rq_depth);
+        let growth: [(u64, u64); 2] =
+            if same { [(sends + recvs, 0), (srq_depth, 0)] } else { [(sends, recvs), (0, srq_depth)] };
+        let mut attempt = 0;
+        let queue = loop {
+            match build() {
+                Ok(q) => break q,
+                Err(e) if e.errno() == libc::ENOSPC && attempt < growth.len() => {
+                    let (on_send, on_recv) = growth[attempt];
+                    grow(send, on_send).map_err(|g| format!("{}; {g}", e.message()))?;
+                    if !same {
+                        grow(recv, on_recv).map_err(|g| format!("{}; {g}", e.message()))?;
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.message().to_owned()),
+            }
+        };
         Ok(QpState { queue, qp_num, pending, destroying })
     })();
     match result {
