@@ -54,7 +54,7 @@ SPDK_SONAME := $(SPDK_SO).$(SPDK_MAJOR)
 SPDK_REAL := $(SPDK_SO).$(SPDK_VERSION)
 SPDK_A := libsqdisc_spdk.a
 
-.PHONY: all help deps spdk-shim spdk-cargo-release check-spdk-symbols test header check-headers check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps spdk-shim spdk-cargo-release check-spdk-symbols check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -228,6 +228,10 @@ check-installed-symbols:
 c-tests:
 	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR)
 
+# libsqdisc_spdk replacing, preloaded before, or linked in place of SPDK's provider (docs/spdk.md).
+check-spdk-dropin:
+	CC='$(CC)' bash scripts/check-spdk-dropin.sh $(STAGE) $(STAGE_LIBDIR)
+
 check-install:
 	bash scripts/check-install.sh '$(MAKE)'
 
@@ -243,6 +247,7 @@ check:
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory c-tests
+	$(MAKE) --no-print-directory check-spdk-dropin
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-guard
 	$(MAKE) --no-print-directory check-install
