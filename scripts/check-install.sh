@@ -11,6 +11,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' Cargo.toml)
 major=${version%%.*}
+spdk_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' spdk/Cargo.toml)
+spdk_major=${spdk_version%%.*}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -32,6 +34,12 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
         "$libdir/libsqdisc.so"
         "$libdir/libsqdisc.a"
         "$pcdir/sqdisc.pc"
+        "$libdir/libsqdisc_spdk.so.$spdk_version"
+        "$libdir/libsqdisc_spdk.so.$spdk_major"
+        "$libdir/libsqdisc_spdk.so"
+        "$libdir/libsqdisc_spdk.a"
+        "$includedir/sqdisc_spdk.h"
+        "$pcdir/sqdisc_spdk.pc"
     )
     for h in include/*.h; do expected+=("$includedir/$(basename "$h")"); done
     printf '%s\n' "${expected[@]}" | sort > "$work/$label.expected"
@@ -63,6 +71,18 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
     else
         cat "$pc" | sed 's/^/    | /'
         fail "install ($label): sqdisc.pc gives libdir '$got_libdir', includedir '$got_incdir'"
+    fi
+    [ "$(readlink "$dest$libdir/libsqdisc_spdk.so")" = "libsqdisc_spdk.so.$spdk_major" ] \
+        && [ "$(readlink "$dest$libdir/libsqdisc_spdk.so.$spdk_major")" = "libsqdisc_spdk.so.$spdk_version" ] \
+        && pass "install ($label): libsqdisc_spdk.so -> .so.$spdk_major -> .so.$spdk_version" \
+        || fail "install ($label): libsqdisc_spdk.so links are wrong"
+    if [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --variable=libdir sqdisc_spdk)" = "$libdir" ] \
+        && [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --modversion sqdisc_spdk)" = "$spdk_version" ] \
+        && ! grep -q "$dest" "$dest$pcdir/sqdisc_spdk.pc"; then
+        pass "install ($label): sqdisc_spdk.pc names libdir $libdir, version $spdk_version, no DESTDIR"
+    else
+        sed 's/^/    | /' "$dest$pcdir/sqdisc_spdk.pc"
+        fail "install ($label): sqdisc_spdk.pc is wrong"
     fi
 
     if ! $make_cmd --no-print-directory -s uninstall DESTDIR="$dest" "$@" > "$work/$label.log" 2>&1; then
