@@ -62,6 +62,7 @@ help:
 	@echo 'make check      everything CI runs: deps, cargo test, header/ABI checks, C tests, install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
+	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
 	@echo 'make bench      instruction counts against raw verbs on the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
@@ -303,7 +304,7 @@ BENCH_STAGE := $(CURDIR)/$(BUILD)/bench/stage
 BENCH_STAGE_VARS := DESTDIR=$(BENCH_STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
 	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
 
-.PHONY: bench bench-guard bench-stage
+.PHONY: bench bench-guard bench-stage bench-spdk
 
 bench-stage:
 	rm -rf $(BENCH_STAGE)
@@ -318,6 +319,12 @@ bench:
 bench-guard:
 	$(MAKE) --no-print-directory bench-stage
 	CC='$(CC)' bash scripts/bench-guard.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
+	CC='$(CC)' bash scripts/bench-spdk.sh $(BENCH_STAGE) $(STAGE_LIBDIR) --guard
+
+# The SPDK provider against SPDK's verbs provider's behaviour, instructions per WR: a table in docs/spdk.md.
+bench-spdk:
+	$(MAKE) --no-print-directory bench-stage
+	CC='$(CC)' bash scripts/bench-spdk.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
 
 # ---- fuzzing ----------------------------------------------------------------------------------------------
 

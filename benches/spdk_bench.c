@@ -1,0 +1,214 @@
+/* spdk_bench: what libsqdisc_spdk costs SPDK per WR, against a provider that does what SPDK's verbs provider
+ * does (a list appended by queue_send_wrs, one ibv_post_send per flush), on the software HCA's null mode
+ * (every WQE completes at post: what is measured is the provider's work plus the device's minimal path).
+ *
+ * The loop is the NVMe-oF target's: requests of three unsignaled RDMA WRITEs chained before a signaled
+ * response SEND, admitted while SPDK's send depth allows (max_send_wr = 2 * qd), each queued with
+ * queue_send_wrs; one flush per round of B requests (-b); then one ibv_poll_cq of up to 32 completions, a
+ * SEND's completion freeing its four WRs as SPDK accounts them.
+ *
+ *   verbs    the provider functions of this file: SPDK's verbs provider's behaviour, written here
+ *   sqdisc   libsqdisc_spdk (the CQ polled through its interposed poll_cq)
+ *
+ * usage: spdk_bench verbs|sqdisc [-n requests] [-b batch] [-q qd]
+ * Output: one line of key=value pairs (wrs, cqes, doorbells, provider). Instructions per WR come from two
+ * callgrind runs, -n N and -n 0, subtracted (scripts/bench.sh). */
+
+#define _GNU_SOURCE
+#include <sqdisc_spdk.h>
+#include <sqdisc_sim.h>
+
+#include "../c-tests/support/spdk_standin.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIE(...)                                                                                             \
+    do {                                                                                                     \
+        fprintf(stderr, "spdk_bench: " __VA_ARGS__);                                                         \
+        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, standin.last_log);                          \
+        exit(1);                                                                                             \
+    } while (0)
+
+#define WRITES 3
+#define PER (WRITES + 1)
+#define MAX_QD 256
+
+/* ---- the verbs provider's behaviour, for comparison --------------------------------------------------------- */
+
+struct verbs_qp {
+    struct ibv_qp *qp;
+    struct ibv_send_wr *first, *last;
+    uint64_t submitted, doorbells;
+};
+
+static int verbs_queue(struct verbs_qp *v, struct ibv_send_wr *first)
+{
+    struct ibv_send_wr *last = first;
+    v->submitted++;
+    while (last->next) {
+        last = last->next;
+        v->submitted++;
+    }
+    int was_empty = v->first == NULL;
+    if (was_empty)
+        v->first = first;
+    else
+        v->last->next = first;
+    v->last = last;
+    return was_empty;
+}
+
+static int verbs_flush(struct verbs_qp *v, struct ibv_send_wr **bad)
+{
+    if (!v->first)
+        return 0;
+    int rc = ibv_post_send(v->qp, v->first, bad);
+    v->first = NULL;
+    v->doorbells++;
+    return rc;
+}
+
+/* ---- the loop -------------------------------------------------------------------------------------------------- */
+
+struct request {
+    struct ibv_send_wr wr[PER];
+    struct ibv_sge sge[PER];
+};
+
+static char data[PER][64];
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        DIE("usage: spdk_bench verbs|sqdisc [-n requests] [-b batch] [-q qd]");
+    int use_sqdisc = strcmp(argv[1], "sqdisc") == 0;
+    if (!use_sqdisc && strcmp(argv[1], "verbs") != 0)
+        DIE("unknown provider %s", argv[1]);
+    uint64_t n = 20000;
+    unsigned batch = 8, qd = 64;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-n"))
+            n = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "-b"))
+            batch = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-q"))
+            qd = (unsigned)atoi(argv[i + 1]);
+        else
+            DIE("unknown option %s", argv[i]);
+    }
+    if (batch < 1 || qd < 2 || qd > MAX_QD / 2 || batch * PER > 2 * qd)
+        DIE("need 1 <= batch, 2 <= qd <= %d, batch * %d <= 2 * qd", MAX_QD / 2, PER);
+    unsigned max_send = 2 * qd, slots = max_send / PER;
+
+    struct sqd_sim_config cfg;
+    sqd_sim_config_default(&cfg);
+    cfg.flags = SQD_SIM_NULL;
+    if (sqd_sim_new(&cfg, &standin.sim))
+        DIE("sqd_sim_new");
+    struct ibv_mr *mr = NULL;
+    if (sqd_sim_reg_mr(standin.sim, data, sizeof data, IBV_ACCESS_LOCAL_WRITE, &mr))
+        DIE("reg_mr");
+    struct ibv_cq *cq = NULL;
+    if (sqd_sim_create_cq(standin.sim, 4096, &cq))
+        DIE("create_cq");
+
+    struct rdma_cm_id id;
+    memset(&id, 0, sizeof id);
+    struct spdk_rdma_provider_qp *sq = NULL;
+    struct verbs_qp vq;
+    memset(&vq, 0, sizeof vq);
+    struct spdk_rdma_provider_qp_init_attr a;
+    memset(&a, 0, sizeof a);
+    a.send_cq = a.recv_cq = cq;
+    a.pd = sqd_sim_pd(standin.sim);
+    a.cap.max_send_wr = max_send;
+    a.cap.max_recv_wr = 1;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    if (use_sqdisc) {
+        sq = spdk_rdma_provider_qp_create(&id, &a);
+        if (!sq)
+            DIE("qp_create");
+    } else {
+        struct ibv_qp_init_attr qa;
+        memset(&qa, 0, sizeof qa);
+        qa.send_cq = qa.recv_cq = cq;
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = a.cap;
+        if (sqd_sim_create_qp(standin.sim, &qa, &vq.qp))
+            DIE("create_qp");
+    }
+
+    struct request *req = calloc(slots, sizeof *req);
+    unsigned *free_slots = calloc(slots, sizeof *free_slots);
+    if (!req || !free_slots)
+        DIE("calloc");
+    unsigned nfree = slots;
+    for (unsigned i = 0; i < slots; i++)
+        free_slots[i] = i;
+    uint64_t started = 0, done = 0;
+    unsigned depth = 0;
+    struct ibv_wc wc[32];
+    while (done < n) {
+        for (unsigned k = 0; k < batch && started < n && depth + PER <= max_send && nfree; k++) {
+            unsigned s = free_slots[--nfree];
+            struct request *r = &req[s];
+            for (int j = 0; j < PER; j++) {
+                r->sge[j].addr = (uintptr_t)data[j];
+                r->sge[j].length = 64;
+                r->sge[j].lkey = mr->lkey;
+                r->wr[j].wr_id = (uint64_t)s * PER + (uint64_t)j;
+                r->wr[j].sg_list = &r->sge[j];
+                r->wr[j].num_sge = 1;
+                r->wr[j].opcode = j < WRITES ? IBV_WR_RDMA_WRITE : IBV_WR_SEND;
+                r->wr[j].send_flags = j < WRITES ? 0 : IBV_SEND_SIGNALED;
+                r->wr[j].next = j + 1 < PER ? &r->wr[j + 1] : NULL;
+            }
+            if (use_sqdisc)
+                spdk_rdma_provider_qp_queue_send_wrs(sq, r->wr);
+            else
+                verbs_queue(&vq, r->wr);
+            depth += PER;
+            started++;
+        }
+        struct ibv_send_wr *bad = NULL;
+        int rc = use_sqdisc ? spdk_rdma_provider_qp_flush_send_wrs(sq, &bad) : verbs_flush(&vq, &bad);
+        if (rc)
+            DIE("flush: %d", rc);
+        int got = ibv_poll_cq(cq, 32, wc);
+        if (got < 0)
+            DIE("poll");
+        for (int i = 0; i < got; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != IBV_WC_SEND || wc[i].wr_id % PER != WRITES)
+                DIE("unexpected completion wr_id %" PRIu64 " status %d", wc[i].wr_id, wc[i].status);
+            free_slots[nfree++] = (unsigned)(wc[i].wr_id / PER);
+            depth -= PER;
+            done++;
+        }
+    }
+
+    struct sqd_sim_stats st;
+    sqd_sim_stats(standin.sim, &st);
+    /* Heap allocations so far, when benches/alloc_count.so is preloaded (set up and loop; the script
+     * subtracts a 0-request run). */
+    typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
+    alloc_counts_fn counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
+    unsigned long long allocs = 0, frees = 0;
+    long long live = 0;
+    if (counts)
+        counts(&allocs, &frees, &live);
+    printf("provider=%s requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64 " allocs=%llu\n",
+           use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs);
+    if (use_sqdisc)
+        spdk_rdma_provider_qp_destroy(sq);
+    else if (sqd_sim_destroy_qp(vq.qp))
+        DIE("destroy_qp");
+    if (sqd_sim_destroy_cq(cq) || sqd_sim_dereg_mr(mr) || sqd_sim_free(standin.sim))
+        DIE("teardown");
+    free(req);
+    free(free_slots);
+    return 0;
+}
