@@ -2,7 +2,8 @@
 # `make bench-spdk`: what libsqdisc_spdk costs SPDK per WR, against a provider with the behaviour of SPDK's
 # verbs provider (benches/spdk_bench.c), on the software HCA's null mode, in one run. Instructions are counted
 # by callgrind: (run of N requests - run of 0) / (4 N WRs); "sim" is the part spent in the software HCA's ops
-# (--toggle-collect), "excl. sim" the rest. Allocations per WR come from benches/alloc_count.so preloaded.
+# (--toggle-collect), "excl. sim" the rest. Allocations per WR come from benches/alloc_count.so preloaded, in
+# the steady state (a run of 2N requests minus a run of N).
 # Prints a markdown table and, unless BENCH_NO_DOC=1, writes it into docs/spdk.md between the
 # bench-spdk:begin/bench-spdk:end markers. With --guard it only checks (make check's bench-guard): no
 # allocation per WR, sqdisc's provider within 3x the verbs provider's instructions per WR.
@@ -55,9 +56,11 @@ for b in "${BATCHES[@]}"; do
         szero=$(cg "${SIM_ONLY[@]}" -- "${args[@]}" -n 0)
         instr[$k]=$(per_wr "$full" "$zero" $((4 * N)))
         excl[$k]=$(awk -v a="${instr[$k]}" -v s="$(per_wr "$sfull" "$szero" $((4 * N)))" 'BEGIN { printf "%.1f", a - s }')
+        # Steady state: a run of 2N requests minus a run of N, so that one-time growth (queues reaching their
+        # high-water mark in the first rounds) cancels out.
         line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/spdk_bench" "${args[@]}" -n "$N")
-        line0=$(LD_PRELOAD=$bin/alloc_count.so "$bin/spdk_bench" "${args[@]}" -n 0)
-        allocs[$k]=$(awk -v a="$(kv allocs "$line")" -v z="$(kv allocs "$line0")" -v n=$((4 * N)) \
+        line2=$(LD_PRELOAD=$bin/alloc_count.so "$bin/spdk_bench" "${args[@]}" -n $((2 * N)))
+        allocs[$k]=$(awk -v a="$(kv allocs "$line2")" -v z="$(kv allocs "$line")" -v n=$((4 * N)) \
             'BEGIN { printf "%.3f", (a - z) / n }')
         cqes[$k]=$(awk -v c="$(kv cqes "$line")" -v n=$((4 * N)) 'BEGIN { printf "%.3f", c / n }')
         bells[$k]=$(awk -v c="$(kv doorbells "$line")" -v n=$((4 * N)) 'BEGIN { printf "%.3f", c / n }')
