@@ -663,3 +663,115 @@ fn the_control_path_makes_and_destroys_srqs_on_the_software_hca_and_refuses_else
     // SAFETY: the scripted device's live PD; the call is refused before anything is read through it.
     assert_eq!(unsafe { sqdisc::verbs::control::create_srq(scripted.pd(), &mut attr) }.unwrap_err(), libc::EOPNOTSUPP);
 }
+
+// ---- transport retries: what spends and what reloads retry_cnt -------------------------------------------
+
+/// B's SEND to A, which has no receive, is RNR NAKed for as long as the test runs (rnr_retry 7). Meanwhile A's
+/// WRITEs and SENDs to B all succeed, though the ACK of every round is lost and retry_cnt is 1: B's responder
+/// keeps executing A's requests and re-acknowledging the duplicates while B's requester waits out its RNR
+/// back-off. The two halves of a QP do not wait for each other.
+#[test]
+fn a_qp_waiting_out_rnr_naks_still_executes_and_acknowledges_the_peers_requests() {
+    let conn = SimConnAttr { retry_cnt: 1, ..SimConnAttr::default() };
+    let r = Rig::with_conn(cfg(), 16, 256, conn);
+    assert_eq!(post1(r.p.b, wr(100, op::IBV_WR_SEND, SIGNALED, &[(r.dst.addr() + 2048, 8, r.dst_key)])), 0);
+    r.p.dev.step(20);
+    let rnr_start = r.p.dev.stats().rnr_naks;
+    assert!(rnr_start >= 1, "B's SEND is being RNR NAKed");
+    const ROUNDS: u64 = 20;
+    let mut b = Vec::new();
+    for round in 0..ROUNDS {
+        b.extend(poll(r.p.b_cq, 16)); // frees the receive slots
+        r.recv(1000 + round, 0, 64);
+        r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.a) }).unwrap();
+        post(r.p.a, &mut [r.write(2 * round, 0, 0, 8, 512), r.send(2 * round + 1, SIGNALED, 8, 16)]);
+        let wc = poll_n(r.p.a_cq, 1, 200);
+        assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(2 * round + 1, st::IBV_WC_SUCCESS)], "round {round}");
+    }
+    let s = r.p.dev.stats();
+    // Every round: the coalesced ACK lost, one timeout, both requests resent, both recognised as duplicates.
+    assert_eq!((s.acks_lost, s.timeouts, s.duplicates), (ROUNDS, ROUNDS, 2 * ROUNDS), "{s:?}");
+    assert!(s.rnr_naks >= rnr_start + ROUNDS, "B's requester was in RNR back-off all along: {s:?}");
+    b.extend(poll(r.p.b_cq, 16));
+    assert_eq!(b.len() as u64, ROUNDS, "one receive per SEND, none for a duplicate, and no CQE for B's own SEND");
+    assert!(b.iter().all(|w| w.status == st::IBV_WC_SUCCESS && w.wr_id >= 1000));
+    assert!(!r.p.dev.qp_in_error(r.p.a).unwrap() && !r.p.dev.qp_in_error(r.p.b).unwrap());
+}
+
+/// retry_cnt bounds consecutive transport retries (timeouts, sequence-error NAKs) without forward progress; an
+/// ACK or response that acknowledges new work reloads it. With retry_cnt 1, 400 rounds that each lose an ACK
+/// (recovered by a timeout) or a request (recovered by a sequence NAK) all succeed; then a random-loss run.
+#[test]
+fn retry_cnt_counts_retries_without_progress_and_an_ack_of_new_work_reloads_it() {
+    let conn = SimConnAttr { retry_cnt: 1, ..SimConnAttr::default() };
+    let r = Rig::with_conn(cfg(), 16, 256, conn);
+    const ROUNDS: u64 = 400;
+    for round in 0..ROUNDS {
+        let kind = if round % 2 == 0 { SQD_SIM_FAULT_LOSE_ACKS } else { SQD_SIM_FAULT_LOSE_REQUESTS };
+        r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(kind, r.p.a) }).unwrap();
+        let id = 4 * round;
+        post(r.p.a, &mut [r.write(id, 0, 0, 8, 0), r.write(id + 1, 0, 8, 8, 8), r.write(id + 2, 0, 16, 8, 16), r.write(id + 3, SIGNALED, 24, 8, 24)]);
+        let wc = poll_n(r.p.a_cq, 1, 200);
+        assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(id + 3, st::IBV_WC_SUCCESS)], "round {round}");
+    }
+    let s = r.p.dev.stats();
+    assert_eq!((s.acks_lost, s.packets_lost), (ROUNDS / 2, ROUNDS / 2));
+    assert_eq!(s.timeouts + s.seq_naks, ROUNDS, "one retry per round, {ROUNDS} in all against a retry_cnt of 1: {s:?}");
+    assert!(s.seq_naks > 0 && s.timeouts > 0, "{s:?}");
+
+    // Rare random loss both ways over a long run (this seed: dozens of losses, never three in a row on one
+    // retry): retry_cnt 2 is never exhausted.
+    let conn = SimConnAttr { retry_cnt: 2, ..SimConnAttr::default() };
+    let c = SimConfig { seed: 77, loss_ppm: 5000, ack_loss_ppm: 5000, wire_delay_max: 3, ..SimConfig::default() };
+    let r = Rig::with_conn(c, 64, 256, conn);
+    for round in 0..1000u64 {
+        let mut ws: Vec<W> = (0..8).map(|k| r.write(8 * round + k, if k == 7 { SIGNALED } else { 0 }, 8 * k, 8, 8 * k)).collect();
+        post(r.p.a, &mut ws);
+        let wc = poll_n(r.p.a_cq, 1, 400);
+        assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(8 * round + 7, st::IBV_WC_SUCCESS)], "round {round}");
+    }
+    let s = r.p.dev.stats();
+    assert!(s.packets_lost > 20 && s.acks_lost > 5 && s.timeouts + s.seq_naks > 20, "losses happened and were retried, far more often than retry_cnt: {s:?}");
+}
+
+/// The legitimate road to `IBV_WC_RETRY_EXC_ERR` on a pair with no dead link: B's SEND to A is RNR NAKed
+/// forever (A posts no receive, rnr_retry 7). An RNR NAK acknowledges nothing new, so it is not forward
+/// progress: it spends only the RNR count (never exhausted at 7) and does not reload retry_cnt. Each RNR NAK
+/// lost on the way costs B one timeout and one transport retry; the dozens of RNR NAKs received in between
+/// undo none of it; the (retry_cnt+1)-th lost one ends B's SEND with RETRY_EXC_ERR and puts B in error. From then on
+/// B drops A's requests without a response, and A's next WRITE ends with RETRY_EXC_ERR too, though A's own
+/// traffic lost nothing.
+#[test]
+fn lost_rnr_naks_of_an_endless_rnr_stall_exhaust_retry_cnt_and_the_peer_follows() {
+    let conn = SimConnAttr { retry_cnt: 2, ..SimConnAttr::default() };
+    let r = Rig::with_conn(cfg(), 16, 256, conn);
+    assert_eq!(post1(r.p.b, wr(100, op::IBV_WR_SEND, SIGNALED, &[(r.dst.addr() + 2048, 8, r.dst_key)])), 0);
+    r.p.dev.step(20);
+    for lost in 1..=3u64 {
+        let rnr_before = r.p.dev.stats().rnr_naks;
+        // The next RNR NAK A sends to B is lost.
+        r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.b) }).unwrap();
+        r.p.dev.step(200);
+        let s = r.p.dev.stats();
+        assert_eq!((s.acks_lost, s.timeouts), (lost, lost), "each lost RNR NAK is one timeout of B's SEND: {s:?}");
+        if lost < 3 {
+            assert!(s.rnr_naks >= rnr_before + 10, "many RNR NAKs arrived after the loss, and none reloaded retry_cnt: {s:?}");
+            assert!(!r.p.dev.qp_in_error(r.p.b).unwrap(), "{lost} lost RNR NAKs are within retry_cnt 2");
+            // A's requests to B meanwhile: executed and acknowledged.
+            post1(r.p.a, r.write(lost, SIGNALED, 0, 8, 0));
+            let wc = poll_n(r.p.a_cq, 1, 100);
+            assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(lost, st::IBV_WC_SUCCESS)]);
+        }
+    }
+    let b = poll(r.p.b_cq, 16);
+    assert_eq!(b.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(100, st::IBV_WC_RETRY_EXC_ERR)]);
+    assert!(r.p.dev.qp_in_error(r.p.b).unwrap());
+
+    // B in error answers nothing: A's WRITE is retried retry_cnt times, then fails.
+    let before = r.p.dev.stats();
+    post1(r.p.a, r.write(9, SIGNALED, 0, 8, 0));
+    let wc = poll_n(r.p.a_cq, 1, 400);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(9, st::IBV_WC_RETRY_EXC_ERR)]);
+    let s = r.p.dev.stats();
+    assert_eq!((s.timeouts - before.timeouts, s.acks_lost, s.packets_lost), (3, 3, 0), "no packet of A's was lost: {s:?}");
+}
