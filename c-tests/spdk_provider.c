@@ -154,14 +154,7 @@ static void queue_and_flush_keep_order_wr_ids_and_counters(void)
     /* Receives on the qpair's own RQ: queue/flush, then the peer's SENDs land with SPDK's wr_ids. */
     struct ibv_recv_wr rwr[3];
     struct ibv_sge rsge[3];
-    memset(rwr, 0, sizeof rwr);
-    for (int i = 0; i < 3; i++) {
-        sge_of(&w, &rsge[i], 3584, 64);
-        rwr[i].wr_id = 500 + (uint64_t)i;
-        rwr[i].sg_list = &rsge[i];
-        rwr[i].num_sge = 1;
-        rwr[i].next = i < 2 ? &rwr[i + 1] : NULL;
-    }
+    recv_wrs(&w, rwr, rsge, 3, 500, 1);
     struct ibv_recv_wr *rbad = NULL;
     CHECK(spdk_rdma_provider_qp_queue_recv_wrs(q, &rwr[0]));
     CHECK_EQ(q->stats->recv.num_submitted_wrs, 3);
@@ -356,14 +349,7 @@ static void disconnect_flushes_every_outstanding_wr_once_backlog_included(void)
 
     struct ibv_recv_wr rwr[4], *rbad = NULL;
     struct ibv_sge rsge[4];
-    memset(rwr, 0, sizeof rwr);
-    for (int i = 0; i < 4; i++) {
-        sge_of(&w, &rsge[i], 3584, 64);
-        rwr[i].wr_id = 900 + (uint64_t)i;
-        rwr[i].sg_list = &rsge[i];
-        rwr[i].num_sge = 1;
-        rwr[i].next = i < 3 ? &rwr[i + 1] : NULL;
-    }
+    recv_wrs(&w, rwr, rsge, 4, 900, 1);
     spdk_rdma_provider_qp_queue_recv_wrs(q, rwr);
     CHECK_EQ(spdk_rdma_provider_qp_flush_recv_wrs(q, &rbad), 0);
 
@@ -544,13 +530,7 @@ static void srq_receives_reach_spdk_and_destroy_follows_the_verbs_rules(void)
 
     struct ibv_recv_wr rwr[6], *rbad = NULL;
     struct ibv_sge rsge[6];
-    memset(rwr, 0, sizeof rwr);
-    for (int i = 0; i < 6; i++) {
-        sge_of(&w, &rsge[i], 3584, 64);
-        rwr[i].wr_id = 300 + (uint64_t)i;
-        rwr[i].sg_list = &rsge[i];
-        rwr[i].num_sge = 1;
-    }
+    recv_wrs(&w, rwr, rsge, 6, 300, 0);
     rwr[0].next = &rwr[1];
     CHECK(spdk_rdma_provider_srq_queue_recv_wrs(srq, &rwr[0]));
     for (int i = 2; i < 6; i++)

@@ -136,6 +136,20 @@ static inline void sge_of(struct world *w, struct ibv_sge *s, uint32_t off, uint
     s->lkey = w->mr->lkey;
 }
 
+/* `n` receives of 64 bytes into the target's buffer, wr_ids first_id.., chained when `linked`. */
+static inline void recv_wrs(struct world *w, struct ibv_recv_wr *r, struct ibv_sge *s, int n, uint64_t first_id,
+                            int linked)
+{
+    memset(r, 0, (size_t)n * sizeof *r);
+    for (int i = 0; i < n; i++) {
+        sge_of(w, &s[i], 3584, 64);
+        r[i].wr_id = first_id + (uint64_t)i;
+        r[i].sg_list = &s[i];
+        r[i].num_sge = 1;
+        r[i].next = linked && i + 1 < n ? &r[i + 1] : NULL;
+    }
+}
+
 /* SPDK's WRs: an RDMA WRITE (unsignaled unless asked) and a SEND. */
 static inline void write_wr(struct world *w, struct ibv_send_wr *wr, struct ibv_sge *s, uint64_t id, int signaled)
 {

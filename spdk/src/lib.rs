@@ -14,6 +14,7 @@ mod domain;
 mod interpose;
 mod qp;
 mod srq;
+mod wr_list;
 
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -14,7 +14,7 @@ use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler};
 
 use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
 use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
-use crate::{interpose, log_error, srq};
+use crate::{interpose, log_error, srq, wr_list};
 
 /// What SPDK holds as `struct spdk_rdma_provider_qp *`: SPDK's public part first, then ours.
 #[repr(C)]
@@ -355,40 +355,6 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
     })
 }
 
-/// Appends `first..` to `list`; true if the list was empty.
-///
-/// # Safety
-/// `first` is a valid chain; `list` holds a valid chain or is empty.
-pub(crate) unsafe fn append<W>(first_slot: &mut *mut W, last_slot: &mut *mut W, first: *mut W, next: impl Fn(*mut W) -> *mut *mut W) -> (bool, u64) {
-    let mut count = 1;
-    let mut last = first;
-    // SAFETY: the caller's chain is valid: each `next` is NULL or a valid WR.
-    while !unsafe { *next(last) }.is_null() {
-        // SAFETY: as above.
-        last = unsafe { *next(last) };
-        count += 1;
-    }
-    let was_empty = first_slot.is_null();
-    if was_empty {
-        *first_slot = first;
-    } else {
-        // SAFETY: `last_slot` is the valid last WR of the queued list.
-        unsafe { *next(*last_slot) = first };
-    }
-    *last_slot = last;
-    (was_empty, count)
-}
-
-pub(crate) fn send_next(w: *mut ibv_send_wr) -> *mut *mut ibv_send_wr {
-    // SAFETY: only called on valid WRs (see `append`).
-    unsafe { ptr::addr_of_mut!((*w).next) }
-}
-
-pub(crate) fn recv_next(w: *mut ibv_recv_wr) -> *mut *mut ibv_recv_wr {
-    // SAFETY: only called on valid WRs (see `append`).
-    unsafe { ptr::addr_of_mut!((*w).next) }
-}
-
 #[no_mangle]
 pub extern "C" fn spdk_rdma_provider_qp_queue_send_wrs(qp: *mut ProviderQp, first: *mut ibv_send_wr) -> bool {
     crate::boundary(false, || {
@@ -398,11 +364,9 @@ pub extern "C" fn spdk_rdma_provider_qp_queue_send_wrs(qp: *mut ProviderQp, firs
             return false;
         }
         let l = &mut s.public.send_wrs;
-        // SAFETY: SPDK's chain is valid and stays so until flushed; the list holds chains it queued before.
-        let (was_empty, n) = unsafe { append(&mut l.first, &mut l.last, first, send_next) };
-        // SAFETY: `stats` is SPDK's shared counters or ours, alive as long as the qpair.
-        unsafe { (*s.public.stats).send.num_submitted_wrs += n };
-        was_empty
+        // SAFETY: SPDK's chain is valid and stays so until flushed, the list holds chains it queued before;
+        // `stats` is SPDK's shared counters or ours, alive as long as the qpair.
+        unsafe { wr_list::queue(&mut l.first, &mut l.last, first, &mut (*s.public.stats).send) }
     })
 }
 
@@ -414,13 +378,10 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
         if bad_wr.is_null() {
             return libc::EINVAL;
         }
-        let first = s.public.send_wrs.first;
-        if first.is_null() {
+        // SAFETY: as in queue_send_wrs.
+        let Some(first) = wr_list::take(&mut s.public.send_wrs.first, unsafe { &mut (*s.public.stats).send }) else {
             return 0;
-        }
-        s.public.send_wrs.first = ptr::null_mut();
-        // SAFETY: as above.
-        unsafe { (*s.public.stats).send.doorbell_updates += 1 };
+        };
         let Some(state) = &s.state else { return libc::EINVAL };
         let result = state.with(|q, _| {
             // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
@@ -445,18 +406,8 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                 Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
             }
         });
-        match result {
-            Ok(()) => {
-                // SAFETY: checked non-NULL above.
-                unsafe { *bad_wr = ptr::null_mut() };
-                0
-            }
-            Err((errno, bad)) => {
-                // SAFETY: as above.
-                unsafe { *bad_wr = bad };
-                errno
-            }
-        }
+        // SAFETY: checked non-NULL above.
+        unsafe { wr_list::finish(bad_wr, result) }
     })
 }
 
@@ -470,10 +421,7 @@ pub extern "C" fn spdk_rdma_provider_qp_queue_recv_wrs(qp: *mut ProviderQp, firs
         }
         let l = &mut s.public.recv_wrs;
         // SAFETY: as for sends.
-        let (was_empty, n) = unsafe { append(&mut l.first, &mut l.last, first, recv_next) };
-        // SAFETY: as for sends.
-        unsafe { (*s.public.stats).recv.num_submitted_wrs += n };
-        was_empty
+        unsafe { wr_list::queue(&mut l.first, &mut l.last, first, &mut (*s.public.stats).recv) }
     })
 }
 
@@ -485,26 +433,18 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_recv_wrs(qp: *mut ProviderQp, bad_
         if bad_wr.is_null() {
             return libc::EINVAL;
         }
-        let first = s.public.recv_wrs.first;
-        if first.is_null() {
-            return 0;
-        }
-        s.public.recv_wrs.first = ptr::null_mut();
         // SAFETY: as for sends.
-        unsafe { (*s.public.stats).recv.doorbell_updates += 1 };
+        let Some(first) = wr_list::take(&mut s.public.recv_wrs.first, unsafe { &mut (*s.public.stats).recv }) else {
+            return 0;
+        };
         let Some(state) = &s.state else { return libc::EINVAL };
         let result = state.with(|q, _| {
             // SAFETY: SPDK's queued chain, valid for this call.
             let chain = unsafe { RecvChain::from_raw(first) };
             q.queue.post_recv(chain).map_err(|e| (e.error.errno(), e.bad.as_ptr()))
         });
-        let (rc, bad) = match result {
-            Ok(()) => (0, ptr::null_mut()),
-            Err((errno, bad)) => (errno, bad),
-        };
         // SAFETY: checked non-NULL above.
-        unsafe { *bad_wr = bad };
-        rc
+        unsafe { wr_list::finish(bad_wr, result) }
     })
 }
 

@@ -11,7 +11,7 @@ use sqdisc::Srq;
 use crate::abi::{ProviderSrq, SrqInitAttr, WrStats};
 use crate::domain::{Domain, Guarded};
 use crate::log_error;
-use crate::qp::recv_next;
+use crate::wr_list;
 
 /// What SPDK holds as `struct spdk_rdma_provider_srq *`: SPDK's public part first, then ours.
 #[repr(C)]
@@ -155,11 +155,9 @@ pub extern "C" fn spdk_rdma_provider_srq_queue_recv_wrs(srq: *mut ProviderSrq, f
             return false;
         }
         let l = &mut s.public.recv_wrs;
-        // SAFETY: SPDK's chain is valid and stays so until flushed.
-        let (was_empty, n) = unsafe { crate::qp::append(&mut l.first, &mut l.last, first, recv_next) };
-        // SAFETY: SPDK's shared counters or ours, alive as long as the SRQ.
-        unsafe { (*s.public.stats).num_submitted_wrs += n };
-        was_empty
+        // SAFETY: SPDK's chain is valid and stays so until flushed; `stats` is SPDK's shared counters or ours,
+        // alive as long as the SRQ.
+        unsafe { wr_list::queue(&mut l.first, &mut l.last, first, &mut *s.public.stats) }
     })
 }
 
@@ -171,25 +169,17 @@ pub extern "C" fn spdk_rdma_provider_srq_flush_recv_wrs(srq: *mut ProviderSrq, b
         if bad_wr.is_null() {
             return libc::EINVAL;
         }
-        let first = s.public.recv_wrs.first;
-        if first.is_null() {
+        // SAFETY: as in srq_queue_recv_wrs.
+        let Some(first) = wr_list::take(&mut s.public.recv_wrs.first, unsafe { &mut *s.public.stats }) else {
             return 0;
-        }
-        s.public.recv_wrs.first = ptr::null_mut();
-        // SAFETY: as above.
-        unsafe { (*s.public.stats).doorbell_updates += 1 };
+        };
         let Some(state) = &s.state else { return libc::EINVAL };
         let result = state.with(|st, _| {
             // SAFETY: SPDK's queued chain, valid for this call.
             let chain = unsafe { RecvChain::from_raw(first) };
             st.srq.post_recv(chain).map_err(|e| (e.error.errno(), e.bad.as_ptr()))
         });
-        let (rc, bad) = match result {
-            Ok(()) => (0, ptr::null_mut()),
-            Err((errno, bad)) => (errno, bad),
-        };
         // SAFETY: checked non-NULL above.
-        unsafe { *bad_wr = bad };
-        rc
+        unsafe { wr_list::finish(bad_wr, result) }
     })
 }
