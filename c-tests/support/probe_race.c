@@ -1,6 +1,11 @@
 /* Probe for scripts/tsan.sh: a thread posts to a queue while another polls its CQ, on a CQ made WITHOUT
  * SQD_CQ_THREAD_SAFE, which the API forbids. ThreadSanitizer must report a data race inside the library;
- * if it does not, a clean threads.c run would prove nothing. */
+ * if it does not, a clean threads.c run would prove nothing.
+ *
+ * The two threads share only relaxed atomics, which order nothing: so however the scheduler runs them (the
+ * poster may finish before the poller starts), no happens-before edge hides the library's accesses from each
+ * other, and the poster keeps posting until the poller has polled a while, so that their accesses overlap in
+ * time as well. */
 #include <sqdisc.h>
 #include <sqdisc_sim.h>
 
@@ -9,18 +14,18 @@
 #include <stdint.h>
 
 static struct sqd_queue *q;
-static atomic_int stop; /* atomic: the only races are the library's */
+static atomic_int stop, polls; /* atomic, relaxed: the only races are the library's */
 
 static void *poster(void *arg)
 {
     (void)arg;
     static char buf[64];
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < 2000 || atomic_load_explicit(&polls, memory_order_relaxed) < 200; i++) {
         struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = sizeof buf, .lkey = 1};
         struct ibv_send_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND}, *bad;
         sqd_post_send(q, &wr, &bad);
     }
-    stop = 1;
+    atomic_store_explicit(&stop, 1, memory_order_relaxed);
     return NULL;
 }
 
@@ -44,8 +49,10 @@ int main(void)
     pthread_t t;
     pthread_create(&t, NULL, poster, NULL);
     struct ibv_wc wc[16];
-    while (!stop)
+    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
         sqd_cq_poll(scq, 16, wc);
+        atomic_fetch_add_explicit(&polls, 1, memory_order_relaxed);
+    }
     pthread_join(t, NULL);
     return 0; /* leaks on purpose: the probe only has to race */
 }
