@@ -250,11 +250,12 @@ typedef void (*sqd_defer_fn)(void *ctx);
  */
 struct sqd_queue_stats {
     /**
-     * Send WRs accepted (posted or parked).
+     * Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` (not the
+     * library's markers).
      */
     uint64_t accepted;
     /**
-     * Send WRs released.
+     * Send WRs released, counted as `accepted` is.
      */
     uint64_t released;
     /**

@@ -101,9 +101,10 @@ struct Op {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Send WRs accepted (posted or parked).
+    /// Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` (not the
+    /// library's markers).
     pub accepted: u64,
-    /// Send WRs released.
+    /// Send WRs released, counted as `accepted` is.
     pub released: u64,
     /// WQEs handed to the provider, markers included.
     pub wqes: u64,
