@@ -767,7 +767,10 @@ impl QueueShared {
                 bad: first,
             });
         }
-        let mut ulp: Vec<u64> = Vec::new();
+        // The WRs carry tokens while the provider reads them; the ULP's wr_ids wait in the ring slots, so
+        // restoring them afterwards needs no allocation.
+        let first_seq = recv.seq_base() + recv.outstanding();
+        let mut admitted = 0usize;
         let mut cur = Some(first);
         let mut last: Option<RecvWrPtr<'a>> = None;
         let mut stop: Option<RecvPostError<'a>> = None;
@@ -784,7 +787,8 @@ impl QueueShared {
                 });
                 break;
             };
-            ulp.push(w.wr_id());
+            debug_assert_eq!(seq, first_seq + admitted as u64);
+            admitted += 1;
             w.set_wr_id(Token::new(self.recv_index, Direction::Recv, seq).0);
             last = Some(w);
             cur = w.next();
@@ -795,16 +799,16 @@ impl QueueShared {
         let r = self.qp.post_recv_chain(first);
         last.set_next(cut);
         let mut w = first;
-        for (i, id) in ulp.iter().enumerate() {
-            w.set_wr_id(*id);
-            if i + 1 < ulp.len() {
+        for i in 0..admitted {
+            w.set_wr_id(recv.wr_id_of(first_seq + i as u64));
+            if i + 1 < admitted {
                 w = w.next().expect("run is linked");
             }
         }
         match r {
             Ok(()) => stop.map_or(Ok(()), Err),
             Err(f) => {
-                recv.rollback((ulp.len() - f.posted) as u64);
+                recv.rollback((admitted - f.posted) as u64);
                 let mut bad = first;
                 for _ in 0..f.posted {
                     bad = bad.next().expect("run is linked");

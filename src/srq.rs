@@ -188,7 +188,9 @@ impl SrqShared {
     fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
         let Some(first) = chain.first() else { return Ok(()) };
         let mut st = self.state.borrow_mut();
-        let mut ulp: Vec<(u64, u64)> = Vec::new();
+        // The WRs carry tokens while the provider reads them; each token names the slot holding the ULP's
+        // wr_id, so restoring them afterwards needs no allocation.
+        let mut admitted = 0usize;
         let mut cur = Some(first);
         let mut last = None;
         let mut stop = None;
@@ -205,7 +207,7 @@ impl SrqShared {
                 });
                 break;
             };
-            ulp.push((w.wr_id(), field));
+            admitted += 1;
             w.set_wr_id(Token::new(SRQ_TOKEN_BASE + self.id, Direction::Recv, field).0);
             last = Some(w);
             cur = w.next();
@@ -216,19 +218,21 @@ impl SrqShared {
         last.set_next(None);
         let r = self.handle.post_chain(first);
         last.set_next(cut);
+        let refused_from = r.as_ref().err().map_or(admitted, |f| f.posted);
         let mut w = first;
-        for (i, (id, _)) in ulp.iter().enumerate() {
-            w.set_wr_id(*id);
-            if i + 1 < ulp.len() {
+        for i in 0..admitted {
+            let field = Token(w.wr_id()).field();
+            w.set_wr_id(st.slots.wr_id_of(field));
+            if i >= refused_from {
+                st.slots.rollback(field);
+            }
+            if i + 1 < admitted {
                 w = w.next().expect("run is linked");
             }
         }
         match r {
             Ok(()) => stop.map_or(Ok(()), Err),
             Err(f) => {
-                for (_, field) in &ulp[f.posted..] {
-                    st.slots.rollback(*field);
-                }
                 let mut bad = first;
                 for _ in 0..f.posted {
                     bad = bad.next().expect("run is linked");

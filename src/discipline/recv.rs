@@ -48,6 +48,13 @@ impl RecvState {
         Some(self.ring.push(Slot { wr_id, opcode: WC_RECV, flags: Slot::SIGNALED, ..Slot::default() }))
     }
 
+    /// The ULP's wr_id of the receive admitted as `seq` (still outstanding).
+    #[inline]
+    pub fn wr_id_of(&self, seq: u64) -> u64 {
+        debug_assert!(self.ring.is_pending(seq));
+        self.ring.get(seq).wr_id
+    }
+
     /// No CQE may ever come for the posted receives: complete them all with `IBV_WC_WR_FLUSH_ERR`; later CQEs
     /// are swallowed.
     pub fn abandon(&mut self) {

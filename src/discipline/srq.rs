@@ -67,6 +67,14 @@ impl SrqSlots {
         Some(((s.gen as u64) << SLOT_BITS) | i as u64)
     }
 
+    /// The ULP's wr_id of the receive admitted as `field` (still posted).
+    #[inline]
+    pub fn wr_id_of(&self, field: u64) -> u64 {
+        let s = &self.slots[(field & SLOT_MASK) as usize];
+        debug_assert!(s.posted && s.gen == (field >> SLOT_BITS) as u32);
+        s.wr_id
+    }
+
     /// The provider refused the receive admitted as `field`: its slot is free again.
     pub fn rollback(&mut self, field: u64) {
         let i = (field & SLOT_MASK) as usize;

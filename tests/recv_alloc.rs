@@ -1,0 +1,247 @@
+//! Posting receives through a managed queue or SRQ allocates nothing beyond what the provider itself does:
+//! the same receive chains posted raw to an identical software-HCA QP (or SRQ) and through sqdisc make the
+//! same number of heap allocations. Also checks the ULP's wr_ids come back on every WR, including the WRs the
+//! provider refused.
+
+#[allow(unused_imports)]
+mod sim_support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::ptr;
+
+use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr};
+use sim_support::*;
+use sqdisc::sim::{SimConfig, SimDevice};
+use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
+use sqdisc::{Cq, Queue, QueueConfig, Srq};
+
+/// Counts this thread's allocation calls (other test threads do not disturb the count).
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump() {
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+fn allocs() -> u64 {
+    ALLOCS.with(|c| c.get())
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a const-initialised
+// thread-local `Cell` without a destructor, which allocates nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: forwarded with the caller's own layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump();
+        // SAFETY: forwarded with the caller's own layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from `System`, with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump();
+        // SAFETY: as for `dealloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const DEPTH: u32 = 64;
+const CHAINS: usize = 8;
+const CHAIN_LEN: usize = 4;
+
+/// Receive chains built before any counting starts: `CHAINS` chains of `CHAIN_LEN` WRs with one SGE each.
+struct Chains {
+    wrs: Vec<ibv_recv_wr>,
+    sges: Vec<ibv_sge>,
+}
+
+impl Chains {
+    fn new(buf: &Buf, lkey: u32) -> Chains {
+        let n = CHAINS * CHAIN_LEN;
+        let sges: Vec<ibv_sge> = (0..n).map(|i| ibv_sge { addr: buf.addr() + i as u64 * 64, length: 64, lkey }).collect();
+        // SAFETY: `ibv_recv_wr` is plain data; all-zero is valid.
+        let wrs: Vec<ibv_recv_wr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut c = Chains { wrs, sges };
+        c.relink();
+        c
+    }
+
+    /// Fresh wr_ids (`0x1000 + i`) and links, every chain ending in NULL.
+    fn relink(&mut self) {
+        let base = self.wrs.as_mut_ptr();
+        for i in 0..self.wrs.len() {
+            let w = &mut self.wrs[i];
+            w.wr_id = 0x1000 + i as u64;
+            w.num_sge = 1;
+            w.sg_list = &mut self.sges[i];
+            // SAFETY: `i + 1` is within `wrs` whenever it is linked (not the last WR of a chain).
+            w.next = if (i + 1) % CHAIN_LEN == 0 { ptr::null_mut() } else { unsafe { base.add(i + 1) } };
+        }
+    }
+
+    fn head(&mut self, chain: usize) -> *mut ibv_recv_wr {
+        &mut self.wrs[chain * CHAIN_LEN]
+    }
+
+    fn assert_wr_ids_intact(&self) {
+        for (i, w) in self.wrs.iter().enumerate() {
+            assert_eq!(w.wr_id, 0x1000 + i as u64, "WR {i} did not get its wr_id back");
+        }
+    }
+}
+
+fn raw_post_recv(qp: *mut ibv_qp, head: *mut ibv_recv_wr) -> i32 {
+    let mut bad = ptr::null_mut();
+    // SAFETY: `qp` is a live sim QP; the chain lives in `Chains` for the call.
+    unsafe { (*(*qp).context).ops.post_recv.unwrap()(qp, head, &mut bad) }
+}
+
+fn raw_post_srq_recv(srq: *mut ibv_srq, head: *mut ibv_recv_wr) -> i32 {
+    let mut bad = ptr::null_mut();
+    // SAFETY: `srq` is a live sim SRQ; the chain lives in `Chains` for the call.
+    unsafe { (*(*srq).context).ops.post_srq_recv.unwrap()(srq, head, &mut bad) }
+}
+
+/// Allocations made by `CHAINS` posts of `post`.
+fn count(chains: &mut Chains, mut post: impl FnMut(*mut ibv_recv_wr)) -> u64 {
+    let before = allocs();
+    for c in 0..CHAINS {
+        post(chains.head(c));
+    }
+    allocs() - before
+}
+
+#[test]
+fn queue_post_recv_allocates_no_more_than_the_provider() {
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let cq = dev.create_cq(4 * DEPTH as i32).unwrap();
+    let raw_qp = dev.create_qp(&mut qp_attr(cq, cq, 8, DEPTH)).unwrap();
+    let managed_qp = dev.create_qp(&mut qp_attr(cq, cq, 8, DEPTH)).unwrap();
+    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
+    // SAFETY: `buf` outlives the device (declared after it, dropped first only at the end of the test,
+    // when nothing posts any more).
+    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
+
+    // SAFETY: the CQ and QP live as long as the device, which outlives the managed objects.
+    let mcq = Cq::new(unsafe { CqHandle::from_raw(cq) }.unwrap());
+    let cfg = QueueConfig { sq_depth: 8, rq_depth: DEPTH, max_send_sge: 4, ..QueueConfig::default() };
+    // SAFETY: as above.
+    let q = Queue::new(&mcq, Some(&mcq), unsafe { QpHandle::from_raw(managed_qp) }.unwrap(), cfg, None).unwrap();
+
+    let mut chains = Chains::new(&buf, lkey);
+    let raw = count(&mut chains, |h| assert_eq!(raw_post_recv(raw_qp, h), 0));
+    chains.assert_wr_ids_intact();
+    chains.relink();
+    // SAFETY: each chain lives in `chains` for the call.
+    let managed = count(&mut chains, |h| q.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap());
+    chains.assert_wr_ids_intact();
+    assert_eq!(q.stats().recv_posted, (CHAINS * CHAIN_LEN) as u64);
+    assert!(
+        managed <= raw,
+        "{CHAINS} managed post_recv calls made {managed} allocations, the same raw posts {raw}: sqdisc allocates on the receive path"
+    );
+}
+
+#[test]
+fn srq_post_recv_allocates_no_more_than_the_provider() {
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let mut attr: ibv_srq_init_attr = srq_attr(DEPTH);
+    let raw_srq = dev.create_srq(&mut attr).unwrap();
+    let mut attr: ibv_srq_init_attr = srq_attr(DEPTH);
+    let managed_srq = dev.create_srq(&mut attr).unwrap();
+    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
+    // SAFETY: `buf` outlives every post (see the queue test).
+    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
+    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    let srq = Srq::new(unsafe { SrqHandle::from_raw(managed_srq) }.unwrap(), DEPTH, None, 0, None).unwrap();
+
+    let mut chains = Chains::new(&buf, lkey);
+    let raw = count(&mut chains, |h| assert_eq!(raw_post_srq_recv(raw_srq, h), 0));
+    chains.assert_wr_ids_intact();
+    chains.relink();
+    // SAFETY: each chain lives in `chains` for the call.
+    let managed = count(&mut chains, |h| srq.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap());
+    chains.assert_wr_ids_intact();
+    assert_eq!(srq.stats().posted, (CHAINS * CHAIN_LEN) as u32);
+    assert!(
+        managed <= raw,
+        "{CHAINS} managed SRQ post_recv calls made {managed} allocations, the same raw posts {raw}: sqdisc allocates on the receive path"
+    );
+    srq.release_all().unwrap();
+}
+
+#[test]
+fn srq_post_refused_by_the_provider_frees_exactly_the_refused_slots() {
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let mut attr = srq_attr(DEPTH);
+    let raw = dev.create_srq(&mut attr).unwrap();
+    let max_sge = attr.attr.max_sge as i32;
+    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
+    // SAFETY: `buf` outlives every post.
+    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
+    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), DEPTH, None, 0, None).unwrap();
+
+    // The second WR of the first chain names more SGEs than the SRQ takes: the provider posts the first and
+    // refuses the rest.
+    let mut chains = Chains::new(&buf, lkey);
+    chains.wrs[1].num_sge = max_sge + 1;
+    let head = chains.head(0);
+    // SAFETY: the chain lives in `chains` for the call.
+    let err = srq.post_recv(unsafe { RecvChain::from_raw(head) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EINVAL);
+    assert!(ptr::eq(err.bad.as_ptr(), &chains.wrs[1]), "bad_wr must be the first WR the provider refused");
+    chains.wrs[1].num_sge = 1;
+    chains.assert_wr_ids_intact();
+    assert_eq!(srq.stats().posted, 1, "only the WR the provider took may hold a slot");
+
+    // Every refused slot is usable again: the SRQ fills to exactly its depth.
+    let mut filled = 1;
+    loop {
+        chains.relink();
+        let mut progressed = false;
+        for c in 0..CHAINS {
+            let head = chains.head(c);
+            // SAFETY: as above.
+            match srq.post_recv(unsafe { RecvChain::from_raw(head) }) {
+                Ok(()) => {
+                    filled += CHAIN_LEN as u32;
+                    progressed = true;
+                }
+                Err(e) => {
+                    assert_eq!(e.error.errno(), libc::EAGAIN);
+                    let taken = (0..CHAIN_LEN).position(|k| ptr::eq(e.bad.as_ptr(), &chains.wrs[c * CHAIN_LEN + k])).unwrap();
+                    filled += taken as u32;
+                    break;
+                }
+            }
+        }
+        if !progressed || filled >= DEPTH {
+            break;
+        }
+    }
+    assert_eq!(filled, DEPTH);
+    assert_eq!(srq.stats().posted, DEPTH);
+    srq.release_all().unwrap();
+}
+
+fn srq_attr(max_wr: u32) -> ibv_srq_init_attr {
+    // SAFETY: plain data; all-zero is valid.
+    let mut a: ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+    a.attr.max_wr = max_wr;
+    a.attr.max_sge = 1;
+    a
+}
