@@ -59,7 +59,8 @@ SPDK_A := libsqdisc_spdk.a
 
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
-	@echo 'make check      everything CI runs: deps, cargo test, header/ABI checks, C tests, install round trip'
+	@echo 'make check      everything CI runs: deps, cargo test (bounded fault campaign), miri, tsan, header/ABI'
+	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, fuzz-smoke, bench-guard, install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
