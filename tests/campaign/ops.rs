@@ -41,6 +41,7 @@ pub struct Wr {
 
 /// Where a queue's receives come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)] // `NoRecv` says more than `No` in a printed reproduction
 pub enum Recv {
     /// Sends only.
     NoRecv,
