@@ -124,6 +124,25 @@ fn count(chains: &mut Chains, mut post: impl FnMut(*mut ibv_recv_wr)) -> u64 {
     allocs() - before
 }
 
+/// Posts every chain raw, then again through sqdisc, and requires no more allocations the second time and
+/// the ULP's wr_ids back on every WR both times.
+fn assert_no_extra_allocs(
+    what: &str,
+    chains: &mut Chains,
+    raw_post: impl FnMut(*mut ibv_recv_wr),
+    managed_post: impl FnMut(*mut ibv_recv_wr),
+) {
+    let raw = count(chains, raw_post);
+    chains.assert_wr_ids_intact();
+    chains.relink();
+    let managed = count(chains, managed_post);
+    chains.assert_wr_ids_intact();
+    assert!(
+        managed <= raw,
+        "{CHAINS} managed {what} calls made {managed} allocations, the same raw posts {raw}: sqdisc allocates on the receive path"
+    );
+}
+
 #[test]
 fn queue_post_recv_allocates_no_more_than_the_provider() {
     let dev = SimDevice::new(&SimConfig::default()).unwrap();
@@ -131,8 +150,8 @@ fn queue_post_recv_allocates_no_more_than_the_provider() {
     let raw_qp = dev.create_qp(&mut qp_attr(cq, cq, 8, DEPTH)).unwrap();
     let managed_qp = dev.create_qp(&mut qp_attr(cq, cq, 8, DEPTH)).unwrap();
     let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
-    // SAFETY: `buf` outlives the device (declared after it, dropped first only at the end of the test,
-    // when nothing posts any more).
+    // SAFETY: the sim writes into `buf` only when a message arrives for a posted receive; nothing is ever
+    // sent here, and `buf` lives to the end of the test.
     let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
 
     // SAFETY: the CQ and QP live as long as the device, which outlives the managed objects.
@@ -141,18 +160,14 @@ fn queue_post_recv_allocates_no_more_than_the_provider() {
     // SAFETY: as above.
     let q = Queue::new(&mcq, Some(&mcq), unsafe { QpHandle::from_raw(managed_qp) }.unwrap(), cfg, None).unwrap();
 
-    let mut chains = Chains::new(&buf, lkey);
-    let raw = count(&mut chains, |h| assert_eq!(raw_post_recv(raw_qp, h), 0));
-    chains.assert_wr_ids_intact();
-    chains.relink();
-    // SAFETY: each chain lives in `chains` for the call.
-    let managed = count(&mut chains, |h| q.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap());
-    chains.assert_wr_ids_intact();
-    assert_eq!(q.stats().recv_posted, (CHAINS * CHAIN_LEN) as u64);
-    assert!(
-        managed <= raw,
-        "{CHAINS} managed post_recv calls made {managed} allocations, the same raw posts {raw}: sqdisc allocates on the receive path"
+    assert_no_extra_allocs(
+        "post_recv",
+        &mut Chains::new(&buf, lkey),
+        |h| assert_eq!(raw_post_recv(raw_qp, h), 0),
+        // SAFETY: each chain lives in `Chains` for the call.
+        |h| q.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap(),
     );
+    assert_eq!(q.stats().recv_posted, (CHAINS * CHAIN_LEN) as u64);
 }
 
 #[test]
@@ -163,23 +178,19 @@ fn srq_post_recv_allocates_no_more_than_the_provider() {
     let mut attr: ibv_srq_init_attr = srq_attr(DEPTH);
     let managed_srq = dev.create_srq(&mut attr).unwrap();
     let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
-    // SAFETY: `buf` outlives every post (see the queue test).
+    // SAFETY: as in the queue test, nothing is ever sent into `buf`, which lives to the end of the test.
     let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
     // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
     let srq = Srq::new(unsafe { SrqHandle::from_raw(managed_srq) }.unwrap(), DEPTH, None, 0, None).unwrap();
 
-    let mut chains = Chains::new(&buf, lkey);
-    let raw = count(&mut chains, |h| assert_eq!(raw_post_srq_recv(raw_srq, h), 0));
-    chains.assert_wr_ids_intact();
-    chains.relink();
-    // SAFETY: each chain lives in `chains` for the call.
-    let managed = count(&mut chains, |h| srq.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap());
-    chains.assert_wr_ids_intact();
-    assert_eq!(srq.stats().posted, (CHAINS * CHAIN_LEN) as u32);
-    assert!(
-        managed <= raw,
-        "{CHAINS} managed SRQ post_recv calls made {managed} allocations, the same raw posts {raw}: sqdisc allocates on the receive path"
+    assert_no_extra_allocs(
+        "SRQ post_recv",
+        &mut Chains::new(&buf, lkey),
+        |h| assert_eq!(raw_post_srq_recv(raw_srq, h), 0),
+        // SAFETY: each chain lives in `Chains` for the call.
+        |h| srq.post_recv(unsafe { RecvChain::from_raw(h) }).map_err(|e| e.error.errno()).unwrap(),
     );
+    assert_eq!(srq.stats().posted, (CHAINS * CHAIN_LEN) as u32);
     srq.release_all().unwrap();
 }
 
@@ -190,7 +201,7 @@ fn srq_post_refused_by_the_provider_frees_exactly_the_refused_slots() {
     let raw = dev.create_srq(&mut attr).unwrap();
     let max_sge = attr.attr.max_sge as i32;
     let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
-    // SAFETY: `buf` outlives every post.
+    // SAFETY: as in the queue test, nothing is ever sent into `buf`, which lives to the end of the test.
     let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
     // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
     let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), DEPTH, None, 0, None).unwrap();
