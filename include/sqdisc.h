@@ -478,12 +478,16 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * at once by `sqd_cq_arm`, and is released when that WQE's CQE is polled.
  *
  * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
- * returns `-EBUSY`.
+ * returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
+ * keep posting cannot hold it forever: it may then return fewer than `max` while CQEs remain (poll again).
+ * Every CQE present when the call began is reaped, so `sqd_cq_arm` returning 0 still means nothing was missed.
  *
  * Returns the count (>= 0), or `-EINVAL` (NULL `cq`, `max < 0`, NULL `wc` with `max > 0`), `-EBUSY`
  * (re-entered), `-EIO` (the provider's poll failed: the CQ is in error).
  */
-int32_t sqd_cq_poll(struct sqd_cq *cq, int32_t max, struct ibv_wc *wc);
+int32_t sqd_cq_poll(struct sqd_cq *cq,
+                    int32_t max,
+                    struct ibv_wc *wc);
 
 /**
  * Call after `ibv_resize_cq` on a managed CQ: the library re-reads the capacity the provider now reports

@@ -217,7 +217,9 @@ impl Cq {
     /// Reaps completions into `out` and returns how many are for the ULP: exactly the work completions raw verbs
     /// would have given it for the WRs it posted (receives, sends it asked to be signaled, every error and
     /// flush), with its own wr_ids. Runs release callbacks and deferred actions of the queues on this CQ, posts
-    /// parked WRs as credits return, and covers idle unsignaled tails.
+    /// parked WRs as credits return, and covers idle unsignaled tails. Reaps at most the CQ's capacity of CQEs
+    /// beyond `out.len()` (every CQE present when it began among them), so callbacks that keep posting cannot
+    /// hold it forever.
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.poll(out)
     }
@@ -322,9 +324,19 @@ impl CqShared {
         let _guard = ResetOnDrop(&self.polling);
         bump(&self.counts.polls, 1);
         let mut kept = 0;
+        // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
+        // reaped, and hidden CQEs fill no room in `out`, so without a limit one call could run forever. The
+        // limit is a full CQ beyond `out`: every CQE present when the call began is reaped first (a CQ
+        // completes in order and holds at most its capacity), so a 0 from `arm` still means nothing was missed.
+        let mut reaped = 0usize;
+        let mut limit = usize::MAX;
         while kept < out.len() {
             let room = out.len() - kept;
+            if reaped >= limit {
+                break;
+            }
             let n = self.handle.poll(&mut out[kept..])?;
+            reaped += n;
             let mut w = kept;
             for i in kept..kept + n {
                 match self.reap(&out[i]) {
@@ -348,6 +360,9 @@ impl CqShared {
             if n < room {
                 bump(&self.counts.empty_polls, 1);
                 break;
+            }
+            if limit == usize::MAX {
+                limit = self.state.borrow().budget.capacity() as usize + out.len();
             }
         }
         self.cover_idle_tails(false);

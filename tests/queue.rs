@@ -353,3 +353,52 @@ fn a_queue_reports_its_memory() {
     let per_entry = (with_backlog.q().stats().bytes - st.bytes) / 64;
     assert!(per_entry >= 4 * 16 + 64, "a backlog entry holds 4 SGEs and 64 inline bytes: {per_entry}");
 }
+
+/// A release callback that posts the next WR each time, on a device that completes every WR by the next poll
+/// (the software HCA's null mode): the CQ never runs dry, and the moderated CQEs are hidden, so they fill no
+/// room in the caller's array. One `poll` must still return, having reaped no more than a full CQ beyond the
+/// room it was given; the next call goes on where it stopped.
+#[test]
+fn one_poll_reaps_at_most_a_full_cq_beyond_its_room_while_callbacks_keep_posting() {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use sqdisc::sim::{SimConfig, SimDevice, SQD_SIM_NULL};
+    use sqdisc::scripted::Scriptable;
+    const CQE: i32 = 16;
+    const STOP: u64 = 5_000;
+    let dev = SimDevice::new(&SimConfig { flags: SQD_SIM_NULL, ..SimConfig::default() }).unwrap();
+    let cq_raw = dev.create_cq(CQE).unwrap();
+    let qp = Scriptable::create_qp(&*dev, cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
+    let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
+    let released = Rc::new(Cell::new(0u64));
+    let (slot2, released2) = (slot.clone(), released.clone());
+    let handler = sqdisc::ReleaseHandler::Closure(Box::new(move |c: &sqdisc::Completion| {
+        released2.set(released2.get() + 1);
+        if c.wr_id < STOP {
+            let q = slot2.borrow().clone().unwrap();
+            let mut ch = Chain::sends(c.wr_id + 1..c.wr_id + 2, 0);
+            let head = ch.link();
+            q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+        }
+    }));
+    let q = Rc::new(sqdisc::Queue::new(&cq, None, unsafe { sqdisc::verbs::QpHandle::from_raw(qp) }.unwrap(), config(4, 1, 0), Some(handler)).unwrap());
+    *slot.borrow_mut() = Some(q.clone());
+    let mut first = Chain::sends(0..1, 0);
+    let head = first.link();
+    q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+
+    let mut wc: [rdma_sys::ibv_wc; 1] = unsafe { std::mem::zeroed() };
+    let mut calls = 0;
+    while released.get() <= STOP {
+        let before = cq.stats().cqes;
+        assert_eq!(cq.poll(&mut wc).unwrap(), 0, "the ULP asked for no completion");
+        let reaped = cq.stats().cqes - before;
+        assert!(reaped <= CQE as u64 + 1, "one poll reaped {reaped} CQEs, more than a full CQ ({CQE}) beyond its room (1)");
+        calls += 1;
+        assert!(calls <= 2 * STOP, "the releases stopped coming");
+    }
+    assert_eq!(released.get(), STOP + 1);
+    assert!(calls > STOP / (CQE as u64 + 1), "{calls} polls reaped {STOP} CQEs");
+    slot.borrow_mut().take();
+}
