@@ -9,6 +9,9 @@
 #                        found (build/fuzz/corpus, kept between runs). `make fuzz`.
 #        fuzz.sh merge   add to fuzz/corpus/c_api the inputs of build/fuzz/corpus that reach new coverage
 #                        (libFuzzer -set_cover_merge=1, which keeps the corpus small); commit the result.
+#        fuzz.sh rebuild replace fuzz/corpus/c_api by a set-cover merge of itself and build/fuzz/corpus: after
+#                        a change to the program's format, when every input decodes to another program and
+#                        the old seeds no longer reach what they did (run `make fuzz` first); commit the result.
 # Any crash, panic, sanitizer report, leak or failed check stops the run with a non-zero status, and the input
 # that caused it is written to build/fuzz/artifacts/. Reproduce it with
 #   cargo +nightly fuzz run c_api --fuzz-dir fuzz build/fuzz/artifacts/crash-...
@@ -85,8 +88,17 @@ case $mode in
         run -set_cover_merge=1 "$seeds" "$out/corpus"
         echo "fuzz: $seeds: $before -> $(find "$seeds" -type f | wc -l) inputs"
         ;;
+    rebuild)
+        [ -d "$out/corpus" ] || { echo "fuzz: nothing to rebuild from: no $out/corpus (run \`make fuzz\` first)" >&2; exit 1; }
+        before=$(find "$seeds" -type f | wc -l)
+        fresh=$out/rebuilt-corpus
+        rm -rf "$fresh" && mkdir -p "$fresh"
+        run -set_cover_merge=1 "$fresh" "$seeds" "$out/corpus"
+        rm -rf "$seeds" && mv "$fresh" "$seeds"
+        echo "fuzz: $seeds rebuilt: $before -> $(find "$seeds" -type f | wc -l) inputs"
+        ;;
     *)
-        echo "usage: $0 smoke|long|merge" >&2
+        echo "usage: $0 smoke|long|merge|rebuild" >&2
         exit 2
         ;;
 esac

@@ -5,14 +5,15 @@
 //! with good and bad attributes, WR chains with bad opcodes, flags, SGE counts, NULL SGE lists, overlong inline
 //! data and up to 256 WRs, receives, polls and arms with odd `max` values, drains, frees (that must succeed or
 //! must return -EBUSY), deferred actions, invalidations, MR tracking, async events of every type, NULL and
-//! malformed arguments, and calls made again from inside release callbacks. Every call goes through the
-//! symbols declared by include/*.h.
+//! malformed arguments, and calls made again from inside release callbacks; on the software HCA also a managed
+//! SRQ that some QPs receive from (posted to, released, failed, freed in every order). Every call goes through
+//! the symbols declared by include/*.h.
 //!
 //! Checked after every call: the result is 0, a count, or a negative errno of the documented set, and a
 //! failure leaves a new, non-empty `sqd_last_error()`. Checked along the way: releases come once per accepted
 //! WR, in post order per queue; a deferred action runs once, when what it waits for is released; `*bad_wr`
 //! and the ULP's chain after `sqd_post_send`; frees refuse exactly while something is outstanding; completions
-//! returned for a managed QP carry the ULP's own wr_ids. Checked at the end, after teardown (QPs to error,
+//! returned for a managed QP carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown (QPs to error,
 //! drain, poll, free): every accepted WR, receive and invalidation was released exactly once, the queues'
 //! counters agree, every object frees, and, when the program told the library only the truth, the device saw
 //! no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic anywhere
@@ -48,7 +49,27 @@ struct Program {
     cqe: [u8; 2],
     thread_safe: [bool; 2],
     qps: [QpSpec; NQ],
+    /// On the sim: an SRQ, and which QP of each connected pair receives from it.
+    srq: Option<SrqSpec>,
     ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct SrqSpec {
+    max_wr: u8,
+    /// QP 1 (of pair 0, 1) and QP 3 (of pair 2, 3) take their receives from the SRQ.
+    attach: [bool; 2],
+}
+
+/// Calls made from inside the SRQ's release callback.
+#[derive(Arbitrary, Debug, Clone, Copy, Default)]
+enum SrqReentry {
+    #[default]
+    Nothing,
+    Refill,
+    FreeSelf,
+    ReleaseAll,
+    Stats,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -126,6 +147,8 @@ struct AttrSpec {
     recv_cq: CqSel,
     no_release: bool,
     reentry: Reentry,
+    /// Name the managed SRQ in `attr.srq`.
+    use_srq: bool,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -208,6 +231,7 @@ enum DevOp {
     Step { n: u8 },
     Fault { qp: u8, kind: u8, count: u8, status: u8 },
     Events,
+    SrqError,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -233,6 +257,11 @@ enum Op {
     CqNew { cq: u8, flags: u32 },
     DepthFor { plans: Vec<(u32, u32)>, null_plans: bool, null_out: bool },
     SetReentry { slot: u8, reentry: Reentry },
+    SrqNew { depth: Num, low_watermark: u8, flags: u32, no_release: bool, reentry: SrqReentry },
+    SrqFree,
+    SrqPostRecv { wrs: Vec<RecvSpec> },
+    SrqReleaseAll,
+    SrqStats,
 }
 
 // ---- the world: the objects made and the model of what the library owes -----------------------------------
@@ -240,6 +269,9 @@ enum Op {
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
 const KIND_INV: u64 = 3;
+const KIND_SRQ: u64 = 4;
+/// The slot field of SRQ receives' wr_ids (queue slots are 0..NQ).
+const SRQ_SLOT: usize = 0xf;
 
 fn make_id(kind: u64, slot: usize, seq: u64) -> u64 {
     kind << 60 | (slot as u64) << 56 | seq
@@ -274,6 +306,26 @@ struct Slot {
     invs: Vec<u64>,
     defers: u64,
     tracked: bool,
+    /// The QP receives from the SRQ.
+    on_srq: bool,
+    /// The queue was made with `attr.srq`: it is attached to the managed SRQ.
+    srq_attached: bool,
+}
+
+/// The managed SRQ and what it owes.
+struct SrqModel {
+    raw: *mut ibv_srq,
+    granted: u32,
+    handle: Cell<*mut sqd_srq>,
+    depth: Cell<u32>,
+    low_watermark: Cell<u32>,
+    blind: Cell<bool>,
+    reentry: Cell<SrqReentry>,
+    /// Posted and not yet released (released in any order).
+    recvs: RefCell<Vec<u64>>,
+    next_seq: Cell<u64>,
+    /// Inside the SRQ's release callback.
+    releasing: Cell<bool>,
 }
 
 struct World {
@@ -290,6 +342,7 @@ struct World {
     truthful: Cell<bool>,
     depth: Cell<u32>,
     in_teardown: Cell<bool>,
+    srq: Option<SrqModel>,
 }
 
 thread_local! {
@@ -399,6 +452,36 @@ unsafe extern "C" fn on_inv_done(ctx: *mut c_void, c: *const sqd_completion) {
     s.invs.swap_remove(at);
 }
 
+unsafe extern "C" fn on_srq_release(_ctx: *mut c_void, c: *const sqd_completion) {
+    // SAFETY: the library passes a completion valid for the duration of the call.
+    let c = unsafe { &*c };
+    let w = world();
+    let m = w.srq.as_ref().expect("an SRQ release in a program without an SRQ");
+    assert!(c.flags & SQD_COMPLETION_RECV != 0, "an SRQ release without SQD_COMPLETION_RECV");
+    let (kind, from, _) = split_id(c.wr_id);
+    assert!(kind == KIND_SRQ && from == SRQ_SLOT, "the SRQ released wr_id {:#x}, not one of its receives", c.wr_id);
+    if c.flags & SQD_COMPLETION_NEVER_POSTED != 0 {
+        assert_eq!(c.status, IBV_WC_WR_FLUSH_ERR, "a never-posted SRQ release with status {}", c.status);
+    }
+    {
+        let mut r = m.recvs.borrow_mut();
+        let at = r.iter().position(|&i| i == c.wr_id).expect("an SRQ receive released twice, or never posted");
+        r.swap_remove(at);
+    }
+    let was = m.releasing.replace(true);
+    if w.depth.get() == 0 {
+        w.depth.set(1);
+        srq_reenter(m.reentry.get());
+        w.depth.set(0);
+    }
+    m.releasing.set(was);
+}
+
+unsafe extern "C" fn on_srq_low(_ctx: *mut c_void, posted: u32) {
+    let m = world().srq.as_ref().expect("an SRQ low-watermark call in a program without an SRQ");
+    assert!(posted < m.low_watermark.get(), "the low-watermark call said {posted} posted, not below {}", m.low_watermark.get());
+}
+
 struct DeferCtx {
     slot: usize,
     /// Send WRs accepted when the action was registered.
@@ -454,7 +537,9 @@ fn reenter(slot: usize, r: Reentry) {
             expect("sqd_queue_free from its own callback", -libc::EBUSY, || unsafe { sqd_queue_free(q) });
         }
         Reentry::FreeCq => {
-            let cq = w.cq[rcq].get();
+            // Its receive CQ when the queue is attached there (it may manage no receives), else its send CQ.
+            let uses_rcq = w.slots[slot].borrow().uses_cqs[rcq];
+            let cq = w.cq[if uses_rcq { rcq } else { scq }].get();
             // SAFETY: a managed CQ with this queue attached (it cannot be freed meanwhile).
             expect("sqd_cq_free of a CQ with a queue", -libc::EBUSY, || unsafe { sqd_cq_free(cq) });
         }
@@ -651,6 +736,188 @@ fn post_recv(slot: usize, specs: &[RecvSpec]) {
     }
 }
 
+// ---- the managed SRQ --------------------------------------------------------------------------------------------
+
+/// Queues now attached to the managed SRQ.
+fn srq_queues(w: &World) -> usize {
+    w.slots.iter().filter(|s| {
+        let s = s.borrow();
+        !s.q.is_null() && s.srq_attached
+    }).count()
+}
+
+fn srq_new(depth: Num, low: u8, flags: u32, no_release: bool, reentry: SrqReentry) {
+    let w = world();
+    let Some(m) = &w.srq else { return };
+    if !m.handle.get().is_null() {
+        return;
+    }
+    let depth = depth.get(m.granted);
+    let low_watermark = u32::from(low) % (depth.min(64) + 2);
+    let attr = sqd_srq_attr {
+        depth,
+        low_watermark,
+        release: if no_release { None } else { Some(on_srq_release) },
+        release_ctx: null_mut(),
+        low: Some(on_srq_low),
+        low_ctx: null_mut(),
+        flags: if flags & 0x100 != 0 { flags } else { 0 },
+    };
+    let mut out: *mut sqd_srq = ptr::dangling_mut();
+    // SAFETY: a live SRQ of the sim, not managed now; `attr` and `out` are valid.
+    let rc = call("sqd_srq_new", || unsafe { sqd_srq_new(m.raw, &attr, &mut out) });
+    let good = (1..=1 << 20).contains(&depth) && low_watermark <= depth && attr.flags == 0;
+    assert_eq!(rc == 0, good, "sqd_srq_new(depth {depth}, low {low_watermark}, flags {:#x}) returned {rc}", attr.flags);
+    if rc != 0 {
+        assert!(out.is_null(), "sqd_srq_new failed and left *out set");
+        return;
+    }
+    assert!(m.recvs.borrow().is_empty());
+    m.handle.set(out);
+    m.depth.set(depth);
+    m.low_watermark.set(low_watermark);
+    m.blind.set(no_release);
+    m.reentry.set(reentry);
+    if depth > m.granted {
+        w.truthful.set(false);
+    }
+}
+
+fn srq_free() {
+    let w = world();
+    let Some(m) = &w.srq else { return };
+    let h = m.handle.get();
+    if h.is_null() {
+        // SAFETY: NULL is a no-op.
+        expect("sqd_srq_free(NULL)", 0, || unsafe { sqd_srq_free(null_mut()) });
+        return;
+    }
+    let busy = srq_queues(w) > 0 || m.releasing.get() || srq_posted(h) > 0;
+    // SAFETY: a live managed SRQ.
+    let rc = call("sqd_srq_free", || unsafe { sqd_srq_free(h) });
+    assert_eq!(rc, if busy { -libc::EBUSY } else { 0 }, "sqd_srq_free returned {rc} ({})", last_error());
+    if rc == 0 {
+        assert!(m.blind.get() || m.recvs.borrow().is_empty(), "the SRQ was freed with receives never released");
+        m.handle.set(null_mut());
+        m.recvs.borrow_mut().clear();
+    }
+}
+
+/// The SRQ's posted receives, from its counters (which the model checks in `srq_stats`).
+fn srq_posted(h: *mut sqd_srq) -> u32 {
+    let mut st = sqd_srq_stats::default();
+    // SAFETY: a live managed SRQ and a valid out struct.
+    expect("sqd_srq_stats", 0, || unsafe { sqd_srq_stats(h, &mut st) });
+    st.posted
+}
+
+fn srq_post_recv(specs: &[RecvSpec]) {
+    let w = world();
+    let Some(m) = &w.srq else { return };
+    let h = m.handle.get();
+    let n = specs.len().min(64);
+    if n == 0 || h.is_null() {
+        return;
+    }
+    let first_seq = m.next_seq.get();
+    m.next_seq.set(first_seq + n as u64);
+    let mut sges: Vec<Vec<ibv_sge>> = specs[..n].iter().map(|sp| (0..sge_count_to_allocate(nsge(sp.nsge))).map(|_| sge_of(w, sp.sge, true)).collect()).collect();
+    let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
+    for (i, sp) in specs[..n].iter().enumerate() {
+        let mut wr = ibv_recv_wr::default();
+        wr.wr_id = make_id(KIND_SRQ, SRQ_SLOT, first_seq + i as u64);
+        wr.num_sge = nsge(sp.nsge);
+        wr.sg_list = if sp.null_list { null_mut() } else { sges[i].as_mut_ptr() };
+        wrs.push(wr);
+    }
+    let base = wrs.as_mut_ptr();
+    for i in 0..n - 1 {
+        // SAFETY: i + 1 < n; `wrs` stays in place during the call.
+        wrs[i].next = unsafe { base.add(i + 1) };
+    }
+    let before: Vec<(u64, usize, usize, i32)> = wrs.iter().map(|r| (r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge)).collect();
+    let mut bad: *mut ibv_recv_wr = ptr::dangling_mut();
+    // SAFETY: a live managed SRQ; the chain is valid during the call.
+    let rc = call("sqd_srq_post_recv", || unsafe { sqd_srq_post_recv(h, base, &mut bad) });
+    let accepted = if rc == 0 {
+        assert!(bad.is_null(), "sqd_srq_post_recv returned 0 with *bad_wr set");
+        n
+    } else {
+        let at = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<ibv_recv_wr>();
+        assert!((bad as usize) >= (base as usize) && at < n, "sqd_srq_post_recv returned {rc} with *bad_wr outside the chain");
+        assert!(rc != -libc::ENOMEM || m.depth.get() > m.granted, "the SRQ was given more receives than it holds");
+        at
+    };
+    for (i, r) in wrs.iter().enumerate() {
+        assert_eq!((r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge), before[i], "sqd_srq_post_recv did not restore WR {i}");
+    }
+    drop(sges.drain(..));
+    if !m.blind.get() {
+        m.recvs.borrow_mut().extend((0..accepted).map(|i| make_id(KIND_SRQ, SRQ_SLOT, first_seq + i as u64)));
+    }
+    // A QP on the SRQ whose queue is not attached to it consumes receives on a CQ that reserved nothing for them.
+    let unreserved = w.slots.iter().any(|s| {
+        let s = s.borrow();
+        s.on_srq && (s.q.is_null() || !s.srq_attached)
+    });
+    if accepted > 0 && unreserved {
+        w.truthful.set(false);
+    }
+}
+
+fn srq_release_all() {
+    let w = world();
+    let Some(m) = &w.srq else { return };
+    let h = m.handle.get();
+    if h.is_null() {
+        return;
+    }
+    // SAFETY: a live managed SRQ.
+    let rc = call("sqd_srq_release_all", || unsafe { sqd_srq_release_all(h) });
+    let attached = srq_queues(w) > 0;
+    assert_eq!(rc, if attached { -libc::EBUSY } else { 0 }, "sqd_srq_release_all returned {rc} ({})", last_error());
+    // From inside the SRQ's own callback the releases are handed out by the loop that ran it, after it returns.
+    if rc == 0 && !m.releasing.get() {
+        assert!(m.blind.get() || m.recvs.borrow().is_empty(), "sqd_srq_release_all left receives unreleased");
+        assert_eq!(srq_posted(h), 0, "sqd_srq_release_all left receives posted");
+    }
+}
+
+fn srq_stats() {
+    let w = world();
+    let Some(m) = &w.srq else { return };
+    let h = m.handle.get();
+    if h.is_null() {
+        return;
+    }
+    let mut st = sqd_srq_stats::default();
+    // SAFETY: a live managed SRQ and a valid out struct.
+    expect("sqd_srq_stats", 0, || unsafe { sqd_srq_stats(h, &mut st) });
+    assert_eq!(st.depth, m.depth.get());
+    assert!(st.posted <= st.depth, "the SRQ holds {} receives in depth {}", st.posted, st.depth);
+    assert_eq!(st.queues as usize, srq_queues(w), "queues attached to the SRQ");
+    if !m.blind.get() && !m.releasing.get() && w.depth.get() == 0 {
+        assert_eq!(st.posted as usize, m.recvs.borrow().len(), "receives posted to the SRQ and not released");
+    }
+}
+
+/// Calls made again from inside the SRQ's release callback.
+fn srq_reenter(r: SrqReentry) {
+    match r {
+        SrqReentry::Nothing => {}
+        SrqReentry::Refill => srq_post_recv(&[RecvSpec { nsge: NsgeSel::Count(1), sge: SgeSpec { off: 0, len: 64, bad_key: false }, null_list: false }]),
+        SrqReentry::FreeSelf => {
+            let h = world().srq.as_ref().map_or(null_mut(), |m| m.handle.get());
+            // SAFETY: a live managed SRQ: it is running one of its callbacks.
+            expect("sqd_srq_free from its own callback", -libc::EBUSY, || unsafe { sqd_srq_free(h) });
+        }
+        SrqReentry::ReleaseAll => srq_release_all(),
+        SrqReentry::Stats => srq_stats(),
+    }
+}
+
+// ---- polling ------------------------------------------------------------------------------------------------------
+
 fn poll(cq: usize, max: MaxSel) {
     let w = world();
     let handle = w.cq[cq].get();
@@ -693,8 +960,9 @@ fn check_wcs(wcs: &[ibv_wc]) {
                 continue;
             }
             let (kind, from, seq) = split_id(c.wr_id);
+            let srq_recv = kind == KIND_SRQ && from == SRQ_SLOT && s.on_srq && w.srq.as_ref().is_some_and(|m| seq < m.next_seq.get());
             assert!(
-                (kind == KIND_SEND || kind == KIND_RECV) && from == i && seq < s.next_seq,
+                srq_recv || (kind == KIND_SEND || kind == KIND_RECV) && from == i && seq < s.next_seq,
                 "slot {i}: a completion with wr_id {:#x} (status {}) that the ULP never posted",
                 c.wr_id,
                 c.status
@@ -800,6 +1068,11 @@ fn queue_event(slot: usize, ev: u32) {
     let rc = call("sqd_queue_async_event", || unsafe { sqd_queue_async_event(q, ev) });
     let known = [IBV_EVENT_QP_FATAL, IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR, IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG, IBV_EVENT_QP_LAST_WQE_REACHED];
     assert_eq!(rc == 0, known.contains(&ev), "sqd_queue_async_event({ev}) returned {rc}");
+    if ev == IBV_EVENT_QP_LAST_WQE_REACHED && w.slots[slot].borrow().on_srq && !w.in_teardown.get() {
+        // Invented: the QP may still consume SRQ receives after its queue is freed.
+        w.slots[slot].borrow_mut().tainted = true;
+        w.truthful.set(false);
+    }
     if [IBV_EVENT_QP_FATAL, IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR].contains(&ev) {
         let mut s = w.slots[slot].borrow_mut();
         // From inside a callback the releases may still be under way in the call that ran it.
@@ -872,6 +1145,7 @@ fn free_queue(slot: usize) -> i32 {
         assert_eq!(s.defers, 0, "slot {slot}: freed with a deferred action that never ran");
         s.q = null_mut();
         s.tracked = false;
+        s.srq_attached = false;
         if !s.honest {
             w.truthful.set(false);
         }
@@ -896,8 +1170,10 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         CqSel::Other => 1 - own,
         CqSel::Null => 2,
     };
+    let srq = if a.use_srq { w.srq.as_ref().map_or(null_mut(), |m| m.handle.get()) } else { null_mut() };
+    let on_srq = w.slots[slot].borrow().on_srq;
     let scq_i = pick(a.send_cq, own_s);
-    let rcq_i = if a.manage_recv { pick(a.recv_cq, own_r) } else { 2 };
+    let rcq_i = if a.manage_recv || !srq.is_null() { pick(a.recv_cq, own_r) } else { 2 };
     let handle = |i: usize| if i < 2 { w.cq[i].get() } else { null_mut() };
     let sq = a.sq.get(caps.0);
     let sge = a.sge.get(caps.2);
@@ -913,7 +1189,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         release: if a.no_release { None } else { Some(on_release) },
         release_ctx: slot as *mut c_void,
         flags: if a.any_flags { a.flags } else { a.flags & SQD_QUEUE_VERIFY_BUFFERS },
-        srq: null_mut(),
+        srq,
     };
     let mut out: *mut sqd_queue = ptr::dangling_mut();
     // SAFETY: CQ handles are NULL or live; `qp` is a live QP of the device; `attr` and `out` are valid.
@@ -924,7 +1200,16 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     }
     assert!(!out.is_null());
     assert!(scq_i == own_s && sq >= 1 && attr.flags & !SQD_QUEUE_VERIFY_BUFFERS == 0, "sqd_queue_new accepted a bad queue");
+    assert!(srq.is_null() || (on_srq && rq == 0 && rcq_i == own_r), "sqd_queue_new accepted a queue on an SRQ its QP does not use");
+    assert!(!on_srq || rq == 0, "sqd_queue_new accepted managed receives for a QP on an SRQ");
     let mut s = w.slots[slot].borrow_mut();
+    s.srq_attached = !srq.is_null();
+    if on_srq && srq.is_null() {
+        // Its QP consumes the SRQ's receives on a CQ that reserved nothing for them, and its queue cannot map
+        // their completions: the ULP broke the rules for this QP.
+        s.tainted = true;
+        w.truthful.set(false);
+    }
     s.q = out;
     s.honest = sq <= caps.0 && sge <= caps.2 && inline <= caps.3 && rq <= caps.1 && !s.tainted;
     if !s.honest {
@@ -1050,6 +1335,19 @@ fn bad_call(which: u8, arg: u32) {
                 expect("sqd_srq_stats(NULL)", einval, || sqd_srq_stats(null(), &mut sqd_srq_stats::default()));
                 expect("sqd_queue_free(NULL)", 0, || sqd_queue_free(null_mut()));
                 expect("sqd_cq_free(NULL)", 0, || sqd_cq_free(null_mut()));
+                if let Some(m) = &w.srq {
+                    let mut out: *mut sqd_srq = null_mut();
+                    let attr = sqd_srq_attr { depth: m.granted, ..Default::default() };
+                    expect("sqd_srq_new(NULL attr)", einval, || sqd_srq_new(m.raw, null(), &mut out));
+                    expect("sqd_srq_new(NULL out)", einval, || sqd_srq_new(m.raw, &attr, null_mut()));
+                    assert!(out.is_null(), "a refused sqd_srq_new left a handle");
+                    let h = m.handle.get();
+                    if !h.is_null() {
+                        expect("sqd_srq_post_recv(NULL wr)", einval, || sqd_srq_post_recv(h, null_mut(), &mut rbad));
+                        expect("sqd_srq_post_recv(NULL bad_wr)", einval, || sqd_srq_post_recv(h, &mut rwr, null_mut()));
+                        expect("sqd_srq_stats(out NULL)", einval, || sqd_srq_stats(h, null_mut()));
+                    }
+                }
             }
             35 => {
                 // A CQ no provider made, and a QP that is not RC.
@@ -1090,7 +1388,7 @@ fn dev_op(op: &DevOp) {
                     let imm = imm.as_ref().map_or(null(), |v| v as *const u32);
                     sqd_scripted_deliver(qp_of(qp), u32::from(len), imm);
                 }
-                DevOp::Step { .. } | DevOp::Fault { .. } | DevOp::Events => {}
+                DevOp::Step { .. } | DevOp::Fault { .. } | DevOp::Events | DevOp::SrqError => {}
             }
         } else {
             match *op {
@@ -1116,6 +1414,11 @@ fn dev_op(op: &DevOp) {
                     sqd_sim_inject(w.sim, &f);
                 }
                 DevOp::Deliver { .. } | DevOp::Events => forward_sim_events(),
+                DevOp::SrqError => {
+                    if let Some(m) = &w.srq {
+                        assert_eq!(sqd_sim_srq_set_error(m.raw), 0);
+                    }
+                }
             }
         }
     }
@@ -1243,6 +1546,11 @@ fn apply(op: &Op) {
             }
         }
         Op::SetReentry { slot, reentry } => w.slots[slot_of(*slot)].borrow_mut().reentry = *reentry,
+        Op::SrqNew { depth, low_watermark, flags, no_release, reentry } => srq_new(*depth, *low_watermark, *flags, *no_release, *reentry),
+        Op::SrqFree => srq_free(),
+        Op::SrqPostRecv { wrs } => srq_post_recv(wrs),
+        Op::SrqReleaseAll => srq_release_all(),
+        Op::SrqStats => srq_stats(),
     }
 }
 
@@ -1255,6 +1563,7 @@ fn setup(p: &Program, buf: *mut u8) -> World {
     let cqe = |i: usize| 2 + i32::from(p.cqe[i]) * 2;
     let mut mr: *mut ibv_mr = null_mut();
     let mut slots: [RefCell<Slot>; NQ] = Default::default();
+    let mut srq: Option<SrqModel> = None;
     // SAFETY (setup): every call gets valid out pointers and live objects of the device it makes.
     unsafe {
         match p.device {
@@ -1279,6 +1588,25 @@ fn setup(p: &Program, buf: *mut u8) -> World {
                 }
                 let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC) as i32;
                 assert_eq!(sqd_sim_reg_mr(sim, buf.cast(), BUF, access, &mut mr), 0);
+                if let Some(spec) = &p.srq {
+                    let mut attr = ibv_srq_init_attr::default();
+                    attr.attr.max_wr = 1 + u32::from(spec.max_wr % 64);
+                    attr.attr.max_sge = 4;
+                    let mut raw: *mut ibv_srq = null_mut();
+                    assert_eq!(sqd_sim_create_srq(sim, &mut attr, &mut raw), 0);
+                    srq = Some(SrqModel {
+                        raw,
+                        granted: attr.attr.max_wr,
+                        handle: Cell::new(null_mut()),
+                        depth: Cell::new(0),
+                        low_watermark: Cell::new(0),
+                        blind: Cell::new(false),
+                        reentry: Cell::new(SrqReentry::Nothing),
+                        recvs: RefCell::new(Vec::new()),
+                        next_seq: Cell::new(0),
+                        releasing: Cell::new(false),
+                    });
+                }
             }
         }
         for (i, spec) in p.qps.iter().enumerate() {
@@ -1299,9 +1627,15 @@ fn setup(p: &Program, buf: *mut u8) -> World {
                 }
                 s.caps = (got.max_send_wr, got.max_recv_wr, got.max_send_sge, got.max_inline_data);
             } else {
+                let srq_raw = match (&srq, &p.srq) {
+                    (Some(m), Some(spec)) if i % 2 == 1 && spec.attach[i / 2] => m.raw,
+                    _ => null_mut(),
+                };
+                s.on_srq = !srq_raw.is_null();
                 let mut attr = ibv_qp_init_attr {
                     send_cq: raw_cq[s.send_cq],
                     recv_cq: raw_cq[s.recv_cq],
+                    srq: srq_raw,
                     qp_type: IBV_QPT_RC,
                     cap: ibv_qp_cap {
                         max_send_wr: caps.max_send_wr,
@@ -1336,6 +1670,7 @@ fn setup(p: &Program, buf: *mut u8) -> World {
         truthful: Cell::new(true),
         depth: Cell::new(0),
         in_teardown: Cell::new(false),
+        srq,
     }
 }
 
@@ -1390,6 +1725,17 @@ fn teardown(thread_safe: [bool; 2]) {
             // SAFETY: a live queue.
             expect("sqd_queue_drain after IBV_EVENT_QP_FATAL", 0, || unsafe { sqd_queue_drain(q) });
         }
+        if w.slots[slot].borrow().srq_attached {
+            // Its QP is in error: the sim has raised (or raised earlier, perhaps before this queue existed)
+            // IBV_EVENT_QP_LAST_WQE_REACHED. Report it, then poll its receive CQ empty, as the header says.
+            forward_sim_events();
+            queue_event(slot, IBV_EVENT_QP_LAST_WQE_REACHED);
+            for _ in 0..8 {
+                for cq in 0..2 {
+                    poll(cq, MaxSel::Small(63));
+                }
+            }
+        }
         {
             let s = w.slots[slot].borrow();
             assert!(s.sends.is_empty(), "slot {slot}: {} accepted WRs never released", s.sends.len());
@@ -1404,6 +1750,19 @@ fn teardown(thread_safe: [bool; 2]) {
         assert_eq!(st.accepted, st.released, "slot {slot}: drained with WRs the queue counts unreleased");
         assert_eq!((st.backlog, st.recv_outstanding, st.deferred), (0, 0, 0), "slot {slot}: drained with work left");
         assert_eq!(free_queue(slot), 0, "slot {slot}: free after drain: {}", last_error());
+    }
+    if let Some(m) = &w.srq {
+        let h = m.handle.get();
+        if !h.is_null() {
+            // No queue is attached any more, so no QP can consume the SRQ's receives through the library.
+            // SAFETY: a live managed SRQ.
+            expect("sqd_srq_release_all", 0, || unsafe { sqd_srq_release_all(h) });
+            assert!(m.blind.get() || m.recvs.borrow().is_empty(), "{} SRQ receives never released", m.recvs.borrow().len());
+            srq_stats();
+            // SAFETY: as above; nothing is posted or attached.
+            expect("sqd_srq_free", 0, || unsafe { sqd_srq_free(h) });
+            m.handle.set(null_mut());
+        }
     }
     for cq in 0..2 {
         let handle = w.cq[cq].get();
