@@ -570,7 +570,8 @@ const char *sqd_version(void);
  *
  * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
  * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
- * already managed on that CQ), `-ENOSPC` (CQ budget).
+ * already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
+ * `sqd_srq_release_all`).
  */
 int32_t sqd_queue_new(struct sqd_cq *send_cq,
                       struct sqd_cq *recv_cq,
@@ -748,6 +749,9 @@ int32_t sqd_queue_async_event(struct sqd_queue *q, uint32_t type);
  * completions are returned by `sqd_cq_poll` (with your wr_id and the consuming QP's `qp_num`) on the CQ of the
  * QP that consumed them. The SRQ's depth is reserved once on each CQ where its queues complete receives.
  *
+ * `srq` must hold no receives the handle does not know of: a new SRQ, or one whose receives were all consumed
+ * (not one whose receives `sqd_srq_release_all` gave back, which the device still holds).
+ *
  * Ownership: `srq` stays the caller's and must outlive the handle. Thread safety: used by the thread that polls
  * the CQs of its queues (not for thread-safe CQs).
  *
@@ -771,14 +775,18 @@ int32_t sqd_srq_free(struct sqd_srq *srq);
 /**
  * Posts a chain of receives to the SRQ instead of `ibv_post_srq_recv`. On failure `*bad_wr` is the first
  * receive not posted. Returns 0, or `-EINVAL` (NULL argument, bad `num_sge`/`sg_list`), `-EAGAIN` (the SRQ
- * holds `depth` receives already), or the provider's negated errno.
+ * holds `depth` receives already), `-EIO` (`sqd_srq_release_all` released receives: see there), or the
+ * provider's negated errno.
  */
 int32_t sqd_srq_post_recv(struct sqd_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 
 /**
  * Releases every receive still posted to the SRQ (`IBV_WC_WR_FLUSH_ERR`, `SQD_COMPLETION_NEVER_POSTED`),
- * when no QP can consume them any more: before destroying the SRQ, or after `IBV_EVENT_SRQ_ERR`. Returns 0,
- * or `-EINVAL` (NULL), `-EBUSY` (queues are still attached).
+ * when no QP can consume them any more: before destroying the SRQ, or after `IBV_EVENT_SRQ_ERR`. The device
+ * still holds those receives, so once this released any the SRQ takes no more receives and no more queues
+ * (`-EIO` from `sqd_srq_post_recv` and `sqd_queue_new`): a QP attached later could consume them into buffers
+ * you have reused. Free it, and destroy the `ibv_srq`. Returns 0, or `-EINVAL` (NULL), `-EBUSY` (queues are
+ * still attached).
  */
 int32_t sqd_srq_release_all(struct sqd_srq *srq);
 

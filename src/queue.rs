@@ -290,6 +290,7 @@ impl Queue {
             if c.rq_depth != 0 {
                 return Err(Error::invalid("rq_depth must be 0 for a QP that receives from an SRQ"));
             }
+            srq.shared.check_open()?;
             if send_cq.lock().is_some() || recv_cq.is_some_and(|r| r.lock().is_some()) {
                 return Err(Error::invalid("SRQs are managed in single-threaded mode only (not on thread-safe CQs)"));
             }

@@ -67,6 +67,9 @@ pub(crate) struct SrqShared {
     low_watermark: u32,
     low: Option<Box<dyn Fn(u32)>>,
     pub(crate) queues: Cell<u32>,
+    /// `release_all` gave back receives the device still holds: a QP attached later could consume them into
+    /// buffers the ULP has reused, and a post could overflow the SRQ, so it takes no more queues or receives.
+    retired: Cell<bool>,
 }
 
 /// An `ibv_srq` under management.
@@ -109,6 +112,7 @@ impl Srq {
                 low_watermark,
                 low,
                 queues: Cell::new(0),
+                retired: Cell::new(false),
             }),
         })
     }
@@ -137,7 +141,8 @@ impl Srq {
 
     /// With no queue attached nothing can consume the posted receives any more (the SRQ is being destroyed, or
     /// it is in error: `IBV_EVENT_SRQ_ERR`): release them all now with `IBV_WC_WR_FLUSH_ERR` and
-    /// `SQD_COMPLETION_NEVER_POSTED`. `EBUSY` while queues are attached.
+    /// `SQD_COMPLETION_NEVER_POSTED`. `EBUSY` while queues are attached. If it released any, the device still
+    /// holds them, so the SRQ then takes no more receives or queues (`EIO`): only freeing it is left.
     pub fn release_all(&self) -> Result<()> {
         if self.shared.queues.get() > 0 {
             return Err(Error::new(libc::EBUSY, "queues are still attached to the SRQ: their QPs may consume its receives"));
@@ -145,6 +150,9 @@ impl Srq {
         {
             let mut st = self.shared.state.borrow_mut();
             let st = &mut *st;
+            if st.slots.posted() > 0 {
+                self.shared.retired.set(true);
+            }
             st.slots.release_all(|r| st.due.push_back(Completion::from((r, true))));
         }
         // Nothing will consume these receives: no low-watermark call (the ULP must not refill what it tears down).
@@ -185,8 +193,22 @@ impl SrqShared {
         self.state.borrow().slots.posted()
     }
 
+    /// `EIO` once `release_all` gave back receives the device still holds (see `retired`).
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.retired.get() {
+            return Err(Error::new(
+                libc::EIO,
+                "sqd_srq_release_all released receives the SRQ still holds: it takes no more receives or queues (free it)",
+            ));
+        }
+        Ok(())
+    }
+
     fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
         let Some(first) = chain.first() else { return Ok(()) };
+        if let Err(error) = self.check_open() {
+            return Err(RecvPostError { error, bad: first });
+        }
         let mut st = self.state.borrow_mut();
         // The WRs carry tokens while the provider reads them; each token names the slot holding the ULP's
         // wr_id, so restoring them afterwards needs no allocation.

@@ -376,6 +376,39 @@ fn an_srq_in_use_refuses_every_free_until_its_queues_and_receives_are_gone() {
 }
 
 #[test]
+fn an_srq_whose_receives_were_released_takes_no_more_receives_or_queues() {
+    let x = SrqCtx::default();
+    let r = srq_rig(&x);
+    let mut recvs = Recvs::new(3);
+    let mut more = Recvs::new(1);
+    let mut bad = ptr::null_mut();
+    // SAFETY: live objects; the receive chains are valid during the calls.
+    unsafe {
+        assert_eq!(sqd_queue_async_event(r.q, IBV_EVENT_QP_FATAL), 0);
+        assert_eq!(sqd_queue_free(r.q), 0, "{}", last_error());
+        // Nothing posted: nothing released, and the SRQ stays open.
+        assert_eq!(sqd_srq_release_all(r.srq), 0);
+        assert_eq!(sqd_srq_post_recv(r.srq, recvs.wrs.as_mut_ptr(), &mut bad), 0, "{}", last_error());
+        assert_eq!(sqd_srq_release_all(r.srq), 0);
+        assert_eq!(x.released.get(), 3);
+        // The device still holds those three receives: no more may go in (the SRQ could overflow), and no QP may
+        // come to consume them into buffers their releases gave back.
+        assert_fails(sqd_srq_post_recv(r.srq, more.wrs.as_mut_ptr(), &mut bad), libc::EIO, "sqd_srq_release_all");
+        assert!(ptr::eq(bad, more.wrs.as_mut_ptr()), "*bad_wr is the first receive not posted");
+        let qattr = QueueAttr { sq_depth: 8, srq: r.srq, ..QueueAttr::default() };
+        let mut q = ptr::dangling_mut();
+        assert_fails(sqd_queue_new(r.cq, r.cq, r.qp, &qattr, &mut q), libc::EIO, "sqd_srq_release_all");
+        assert!(q.is_null(), "a refused sqd_queue_new stores NULL");
+        let mut st = SrqStats::default();
+        assert_eq!(sqd_srq_stats(r.srq, &mut st), 0);
+        assert_eq!((st.posted, st.total_posted, st.queues), (0, 3, 0));
+        assert_eq!(sqd_srq_free(r.srq), 0, "{}", last_error());
+        assert_eq!(sqd_cq_free(r.cq), 0);
+        assert_eq!(sqd_sim_free(r.sim), 0);
+    }
+}
+
+#[test]
 fn the_low_watermark_callback_cannot_free_its_srq() {
     let x = SrqCtx::default();
     let r = srq_rig(&x);

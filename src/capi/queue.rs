@@ -75,7 +75,8 @@ pub struct QueueAttr {
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
 /// `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
-/// already managed on that CQ), `-ENOSPC` (CQ budget).
+/// already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
+/// `sqd_srq_release_all`).
 #[no_mangle]
 pub extern "C" fn sqd_queue_new(
     send_cq: *mut Cq,

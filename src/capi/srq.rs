@@ -38,6 +38,9 @@ pub struct SrqAttr {
 /// completions are returned by `sqd_cq_poll` (with your wr_id and the consuming QP's `qp_num`) on the CQ of the
 /// QP that consumed them. The SRQ's depth is reserved once on each CQ where its queues complete receives.
 ///
+/// `srq` must hold no receives the handle does not know of: a new SRQ, or one whose receives were all consumed
+/// (not one whose receives `sqd_srq_release_all` gave back, which the device still holds).
+///
 /// Ownership: `srq` stays the caller's and must outlive the handle. Thread safety: used by the thread that polls
 /// the CQs of its queues (not for thread-safe CQs).
 ///
@@ -99,7 +102,8 @@ pub extern "C" fn sqd_srq_free(srq: *mut Srq) -> i32 {
 
 /// Posts a chain of receives to the SRQ instead of `ibv_post_srq_recv`. On failure `*bad_wr` is the first
 /// receive not posted. Returns 0, or `-EINVAL` (NULL argument, bad `num_sge`/`sg_list`), `-EAGAIN` (the SRQ
-/// holds `depth` receives already), or the provider's negated errno.
+/// holds `depth` receives already), `-EIO` (`sqd_srq_release_all` released receives: see there), or the
+/// provider's negated errno.
 #[no_mangle]
 pub extern "C" fn sqd_srq_post_recv(srq: *mut Srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
     ffi_boundary!({
@@ -125,8 +129,11 @@ pub extern "C" fn sqd_srq_post_recv(srq: *mut Srq, wr: *mut ibv_recv_wr, bad_wr:
 }
 
 /// Releases every receive still posted to the SRQ (`IBV_WC_WR_FLUSH_ERR`, `SQD_COMPLETION_NEVER_POSTED`),
-/// when no QP can consume them any more: before destroying the SRQ, or after `IBV_EVENT_SRQ_ERR`. Returns 0,
-/// or `-EINVAL` (NULL), `-EBUSY` (queues are still attached).
+/// when no QP can consume them any more: before destroying the SRQ, or after `IBV_EVENT_SRQ_ERR`. The device
+/// still holds those receives, so once this released any the SRQ takes no more receives and no more queues
+/// (`-EIO` from `sqd_srq_post_recv` and `sqd_queue_new`): a QP attached later could consume them into buffers
+/// you have reused. Free it, and destroy the `ibv_srq`. Returns 0, or `-EINVAL` (NULL), `-EBUSY` (queues are
+/// still attached).
 #[no_mangle]
 pub extern "C" fn sqd_srq_release_all(srq: *mut Srq) -> i32 {
     ffi_boundary!({ status(try_ref!(srq, "srq").release_all()) })
