@@ -326,6 +326,9 @@ struct SrqModel {
     next_seq: Cell<u64>,
     /// Inside the SRQ's release callback.
     releasing: Cell<bool>,
+    /// `sqd_srq_release_all` gave back receives the device still holds: the handle takes no more receives or
+    /// queues, and the `ibv_srq` may not be managed again (the header's rule).
+    retired: Cell<bool>,
 }
 
 struct World {
@@ -749,7 +752,7 @@ fn srq_queues(w: &World) -> usize {
 fn srq_new(depth: Num, low: u8, flags: u32, no_release: bool, reentry: SrqReentry) {
     let w = world();
     let Some(m) = &w.srq else { return };
-    if !m.handle.get().is_null() {
+    if !m.handle.get().is_null() || m.retired.get() {
         return;
     }
     let depth = depth.get(m.granted);
@@ -846,6 +849,7 @@ fn srq_post_recv(specs: &[RecvSpec]) {
         let at = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<ibv_recv_wr>();
         assert!((bad as usize) >= (base as usize) && at < n, "sqd_srq_post_recv returned {rc} with *bad_wr outside the chain");
         assert!(rc != -libc::ENOMEM || m.depth.get() > m.granted, "the SRQ was given more receives than it holds");
+        assert!(!m.retired.get() || (rc == -libc::EIO && at == 0), "a retired SRQ returned {rc} with {at} receives taken");
         at
     };
     for (i, r) in wrs.iter().enumerate() {
@@ -873,10 +877,14 @@ fn srq_release_all() {
         return;
     }
     let before = m.recvs.borrow().clone();
+    let posted = srq_posted(h);
     // SAFETY: a live managed SRQ.
     let rc = call("sqd_srq_release_all", || unsafe { sqd_srq_release_all(h) });
     let attached = srq_queues(w) > 0;
     assert_eq!(rc, if attached { -libc::EBUSY } else { 0 }, "sqd_srq_release_all returned {rc} ({})", last_error());
+    if rc == 0 && posted > 0 {
+        m.retired.set(true);
+    }
     // From inside the SRQ's own callback the releases are handed out by the loop that ran it, after it returns.
     // What its release callbacks posted meanwhile (a refill) stays posted.
     if rc == 0 && !m.releasing.get() && !m.blind.get() {
@@ -1204,6 +1212,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     assert!(!out.is_null());
     assert!(scq_i == own_s && sq >= 1 && attr.flags & !SQD_QUEUE_VERIFY_BUFFERS == 0, "sqd_queue_new accepted a bad queue");
     assert!(srq.is_null() || (on_srq && rq == 0 && rcq_i == own_r), "sqd_queue_new accepted a queue on an SRQ its QP does not use");
+    assert!(srq.is_null() || !w.srq.as_ref().is_some_and(|m| m.retired.get()), "sqd_queue_new accepted a queue on a retired SRQ");
     assert!(!on_srq || rq == 0, "sqd_queue_new accepted managed receives for a QP on an SRQ");
     let mut s = w.slots[slot].borrow_mut();
     s.srq_attached = !srq.is_null();
@@ -1608,6 +1617,7 @@ fn setup(p: &Program, buf: *mut u8) -> World {
                         recvs: RefCell::new(Vec::new()),
                         next_seq: Cell::new(0),
                         releasing: Cell::new(false),
+                        retired: Cell::new(false),
                     });
                 }
             }
