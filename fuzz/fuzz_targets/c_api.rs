@@ -694,6 +694,49 @@ fn post_send(slot: usize, specs: &[WrSpec], repeat: u8) {
     }
 }
 
+/// Builds a chain of receives from `specs` (wr_ids from `id`), posts it with `post`, and checks what every
+/// receive post owes: `*bad_wr` NULL on success, else inside the chain, and the chain restored. Returns the
+/// result and how many receives were taken.
+fn post_recv_chain(
+    what: &str,
+    specs: &[RecvSpec],
+    id: impl Fn(usize) -> u64,
+    post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
+) -> (i32, usize) {
+    let w = world();
+    let n = specs.len();
+    let mut sges: Vec<Vec<ibv_sge>> = specs.iter().map(|sp| (0..sge_count_to_allocate(nsge(sp.nsge))).map(|_| sge_of(w, sp.sge, true)).collect()).collect();
+    let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
+    for (i, sp) in specs.iter().enumerate() {
+        let mut wr = ibv_recv_wr::default();
+        wr.wr_id = id(i);
+        wr.num_sge = nsge(sp.nsge);
+        wr.sg_list = if sp.null_list { null_mut() } else { sges[i].as_mut_ptr() };
+        wrs.push(wr);
+    }
+    let base = wrs.as_mut_ptr();
+    for i in 0..n - 1 {
+        // SAFETY: i + 1 < n; `wrs` stays in place during the call.
+        wrs[i].next = unsafe { base.add(i + 1) };
+    }
+    let before: Vec<(u64, usize, usize, i32)> = wrs.iter().map(|r| (r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge)).collect();
+    let mut bad: *mut ibv_recv_wr = ptr::dangling_mut();
+    let rc = call(what, || post(base, &mut bad));
+    let taken = if rc == 0 {
+        assert!(bad.is_null(), "{what} returned 0 with *bad_wr set");
+        n
+    } else {
+        let at = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<ibv_recv_wr>();
+        assert!((bad as usize) >= (base as usize) && at < n, "{what} returned {rc} with *bad_wr outside the chain");
+        at
+    };
+    for (i, r) in wrs.iter().enumerate() {
+        assert_eq!((r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge), before[i], "{what} did not restore WR {i}");
+    }
+    drop(sges);
+    (rc, taken)
+}
+
 fn post_recv(slot: usize, specs: &[RecvSpec]) {
     let w = world();
     let (q, first_seq) = {
@@ -704,33 +747,14 @@ fn post_recv(slot: usize, specs: &[RecvSpec]) {
     if n == 0 || q.is_null() {
         return;
     }
-    let mut sges: Vec<Vec<ibv_sge>> = specs[..n].iter().map(|sp| (0..sge_count_to_allocate(nsge(sp.nsge))).map(|_| sge_of(w, sp.sge, true)).collect()).collect();
-    let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
-    for (i, sp) in specs[..n].iter().enumerate() {
-        let mut wr = ibv_recv_wr::default();
-        wr.wr_id = make_id(KIND_RECV, slot, first_seq + i as u64);
-        wr.num_sge = nsge(sp.nsge);
-        wr.sg_list = if sp.null_list { null_mut() } else { sges[i].as_mut_ptr() };
-        wrs.push(wr);
-    }
-    let base = wrs.as_mut_ptr();
-    for i in 0..n - 1 {
-        // SAFETY: i + 1 < n; `wrs` stays in place during the call.
-        wrs[i].next = unsafe { base.add(i + 1) };
-    }
     w.slots[slot].borrow_mut().next_seq += n as u64;
-    let mut bad: *mut ibv_recv_wr = ptr::dangling_mut();
-    // SAFETY: a live queue; the chain is valid during the call.
-    let rc = call("sqd_post_recv", || unsafe { sqd_post_recv(q, base, &mut bad) });
-    let accepted = if rc == 0 {
-        assert!(bad.is_null(), "sqd_post_recv returned 0 with *bad_wr set");
-        n
-    } else {
-        let at = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<ibv_recv_wr>();
-        assert!((bad as usize) >= (base as usize) && at < n, "sqd_post_recv returned {rc} with *bad_wr outside the chain");
-        at
-    };
-    drop(sges.drain(..));
+    let (_, accepted) = post_recv_chain(
+        "sqd_post_recv",
+        &specs[..n],
+        |i| make_id(KIND_RECV, slot, first_seq + i as u64),
+        // SAFETY: a live queue; the chain is valid during the call.
+        |head, bad| unsafe { sqd_post_recv(q, head, bad) },
+    );
     let mut s = w.slots[slot].borrow_mut();
     if !s.blind {
         for i in 0..accepted {
@@ -824,38 +848,15 @@ fn srq_post_recv(specs: &[RecvSpec]) {
     }
     let first_seq = m.next_seq.get();
     m.next_seq.set(first_seq + n as u64);
-    let mut sges: Vec<Vec<ibv_sge>> = specs[..n].iter().map(|sp| (0..sge_count_to_allocate(nsge(sp.nsge))).map(|_| sge_of(w, sp.sge, true)).collect()).collect();
-    let mut wrs: Vec<ibv_recv_wr> = Vec::with_capacity(n);
-    for (i, sp) in specs[..n].iter().enumerate() {
-        let mut wr = ibv_recv_wr::default();
-        wr.wr_id = make_id(KIND_SRQ, SRQ_SLOT, first_seq + i as u64);
-        wr.num_sge = nsge(sp.nsge);
-        wr.sg_list = if sp.null_list { null_mut() } else { sges[i].as_mut_ptr() };
-        wrs.push(wr);
-    }
-    let base = wrs.as_mut_ptr();
-    for i in 0..n - 1 {
-        // SAFETY: i + 1 < n; `wrs` stays in place during the call.
-        wrs[i].next = unsafe { base.add(i + 1) };
-    }
-    let before: Vec<(u64, usize, usize, i32)> = wrs.iter().map(|r| (r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge)).collect();
-    let mut bad: *mut ibv_recv_wr = ptr::dangling_mut();
-    // SAFETY: a live managed SRQ; the chain is valid during the call.
-    let rc = call("sqd_srq_post_recv", || unsafe { sqd_srq_post_recv(h, base, &mut bad) });
-    let accepted = if rc == 0 {
-        assert!(bad.is_null(), "sqd_srq_post_recv returned 0 with *bad_wr set");
-        n
-    } else {
-        let at = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<ibv_recv_wr>();
-        assert!((bad as usize) >= (base as usize) && at < n, "sqd_srq_post_recv returned {rc} with *bad_wr outside the chain");
-        assert!(rc != -libc::ENOMEM || m.depth.get() > m.granted, "the SRQ was given more receives than it holds");
-        assert!(!m.retired.get() || (rc == -libc::EIO && at == 0), "a retired SRQ returned {rc} with {at} receives taken");
-        at
-    };
-    for (i, r) in wrs.iter().enumerate() {
-        assert_eq!((r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge), before[i], "sqd_srq_post_recv did not restore WR {i}");
-    }
-    drop(sges.drain(..));
+    let (rc, accepted) = post_recv_chain(
+        "sqd_srq_post_recv",
+        &specs[..n],
+        |i| make_id(KIND_SRQ, SRQ_SLOT, first_seq + i as u64),
+        // SAFETY: a live managed SRQ; the chain is valid during the call.
+        |head, bad| unsafe { sqd_srq_post_recv(h, head, bad) },
+    );
+    assert!(rc != -libc::ENOMEM || m.depth.get() > m.granted, "the SRQ was given more receives than it holds");
+    assert!(!m.retired.get() || (rc == -libc::EIO && accepted == 0), "a retired SRQ returned {rc} with {accepted} receives taken");
     if !m.blind.get() {
         m.recvs.borrow_mut().extend((0..accepted).map(|i| make_id(KIND_SRQ, SRQ_SLOT, first_seq + i as u64)));
     }
