@@ -13,8 +13,8 @@
 //! failure leaves a new, non-empty `sqd_last_error()`. Checked along the way: releases come once per accepted
 //! WR, in post order per queue; a deferred action runs once, when what it waits for is released; `*bad_wr`
 //! and the ULP's chain after `sqd_post_send`; frees refuse exactly while something is outstanding; completions
-//! returned for a managed QP carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown (QPs to error,
-//! drain, poll, free): every accepted WR, receive and invalidation was released exactly once, the queues'
+//! returned for a managed QP carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked
+//! at the end, after teardown (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once, the queues'
 //! counters agree, every object frees, and, when the program told the library only the truth, the device saw
 //! no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic anywhere
 //! aborts.
@@ -830,6 +830,14 @@ fn srq_free() {
     }
 }
 
+/// The SRQ model and its live handle, when the program has an SRQ under management now.
+fn managed_srq<'a>() -> Option<(&'a World, &'a SrqModel, *mut sqd_srq)> {
+    let w = world();
+    let m = w.srq.as_ref()?;
+    let h = m.handle.get();
+    (!h.is_null()).then_some((w, m, h))
+}
+
 /// The SRQ's posted receives, from its counters (which the model checks in `srq_stats`).
 fn srq_posted(h: *mut sqd_srq) -> u32 {
     let mut st = sqd_srq_stats::default();
@@ -839,11 +847,9 @@ fn srq_posted(h: *mut sqd_srq) -> u32 {
 }
 
 fn srq_post_recv(specs: &[RecvSpec]) {
-    let w = world();
-    let Some(m) = &w.srq else { return };
-    let h = m.handle.get();
+    let Some((w, m, h)) = managed_srq() else { return };
     let n = specs.len().min(64);
-    if n == 0 || h.is_null() {
+    if n == 0 {
         return;
     }
     let first_seq = m.next_seq.get();
@@ -871,12 +877,7 @@ fn srq_post_recv(specs: &[RecvSpec]) {
 }
 
 fn srq_release_all() {
-    let w = world();
-    let Some(m) = &w.srq else { return };
-    let h = m.handle.get();
-    if h.is_null() {
-        return;
-    }
+    let Some((w, m, h)) = managed_srq() else { return };
     let before = m.recvs.borrow().clone();
     let posted = srq_posted(h);
     // SAFETY: a live managed SRQ.
@@ -896,12 +897,7 @@ fn srq_release_all() {
 }
 
 fn srq_stats() {
-    let w = world();
-    let Some(m) = &w.srq else { return };
-    let h = m.handle.get();
-    if h.is_null() {
-        return;
-    }
+    let Some((w, m, h)) = managed_srq() else { return };
     let mut st = sqd_srq_stats::default();
     // SAFETY: a live managed SRQ and a valid out struct.
     expect("sqd_srq_stats", 0, || unsafe { sqd_srq_stats(h, &mut st) });
