@@ -54,7 +54,7 @@ SPDK_SONAME := $(SPDK_SO).$(SPDK_MAJOR)
 SPDK_REAL := $(SPDK_SO).$(SPDK_VERSION)
 SPDK_A := libsqdisc_spdk.a
 
-.PHONY: all help deps spdk-shim spdk-cargo-release check-spdk-symbols check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -73,13 +73,18 @@ help:
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
 	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
-	@echo 'make deps       install the Debian packages the build and checks need (as root)'
+	@echo 'make deps       install what the build and every check need (Debian packages as root, nightly tools)'
 	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
 
 all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc spdk-shim
 
 deps:
-	bash scripts/install-deps.sh
+	bash scripts/install-deps.sh check
+
+# What building the libraries and the demo needs, and nothing more: a newcomer's `make demo` waits for no
+# fuzzer, Miri or sanitizer toolchain.
+deps-build:
+	bash scripts/install-deps.sh build
 
 # ---- release build ---------------------------------------------------------------------------------------
 
@@ -289,7 +294,7 @@ $(STAGE)/.installed:
 	$(MAKE) --no-print-directory stage
 
 demo:
-	$(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory deps-build
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory $(BUILD)/examples/demo
 	./$(BUILD)/examples/demo

@@ -151,6 +151,15 @@ static void bad_queue_attributes(void)
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "sq_depth 1048577");
     a.sq_depth = UINT32_MAX;
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "sq_depth");
+    /* The message names the field that is out of range, and only that one. */
+    a = good;
+    a.backlog_depth = (1u << 20) + 1;
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "backlog_depth 1048577 is above 1048576");
+    CHECK(strstr(sqd_last_error(), "rq_depth") == NULL);
+    a = good;
+    a.rq_depth = UINT32_MAX;
+    EXPECT_ERR(sqd_queue_new(r->scq, r->scq, qp, &a, &q), EINVAL, "rq_depth 4294967295 is above 1048576");
+    CHECK(strstr(sqd_last_error(), "backlog_depth") == NULL);
     a = good;
     a.signal_interval = 9;
     EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp, &a, &q), EINVAL, "signal_interval 9");

@@ -91,7 +91,7 @@ struct sqd_srq;
  */
 struct sqd_cq_stats {
     /**
-     * CQEs the provider granted (`cq->cqe` at `sqd_cq_new`).
+     * CQEs the provider granted: `cq->cqe` at `sqd_cq_new`, re-read by `sqd_cq_update_capacity`.
      */
     uint64_t capacity;
     /**
@@ -201,15 +201,15 @@ struct sqd_queue_attr {
      */
     uint32_t sq_depth;
     /**
-     * The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`).
+     * The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`). At most 1024.
      */
     uint32_t max_send_sge;
     /**
-     * The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`).
+     * The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`). At most 65536.
      */
     uint32_t max_inline_data;
     /**
-     * The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0.
+     * The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0. At most 1048576.
      */
     uint32_t rq_depth;
     /**
@@ -218,7 +218,7 @@ struct sqd_queue_attr {
     uint32_t signal_interval;
     /**
      * How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
-     * with `-EAGAIN`. The backlog's storage is allocated here, once.
+     * with `-EAGAIN`. At most 1048576. The backlog's storage is allocated here, once.
      */
     uint32_t backlog_depth;
     /**
@@ -250,8 +250,10 @@ typedef void (*sqd_defer_fn)(void *ctx);
  */
 struct sqd_queue_stats {
     /**
-     * Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` (not the
-     * library's markers).
+     * Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` once it was
+     * posted or parked (not the library's markers). A LocalInv's release goes to its `done` callback, not to
+     * the queue's `release`; one cancelled before it was posted or parked (a drain, a failed queue, a
+     * provider refusal) counts in neither counter.
      */
     uint64_t accepted;
     /**
@@ -569,7 +571,8 @@ const char *sqd_version(void);
  * a time, the one that uses the queue's CQs.
  *
  * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
- * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
+ * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ, an `attr->srq` with a
+ * thread-safe send or receive CQ: SRQs are managed on single-threaded CQs only), `-EBUSY` (the QP is
  * already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
  * `sqd_srq_release_all`).
  */
@@ -641,7 +644,10 @@ int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
  * this call on the queue takes no new WRs (`-EIO`); an unsignaled tail is covered at once by a signaled
  * marker so a CQE proves every posted WR finished; WRs still in the backlog are released as never posted
  * (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
- * (flush) completions arrive. The call never blocks.
+ * (flush) completions arrive. Invalidations `sqd_invalidate` still holds back (waiting for a covering
+ * completion) are cancelled: their `done` callback gets `IBV_WC_WR_FLUSH_ERR` with
+ * `SQD_COMPLETION_NEVER_POSTED`, and their rkey was never invalidated, so it stays valid. The call never
+ * blocks.
  *
  * Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
  * still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be

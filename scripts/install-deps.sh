@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# Makes sure the Debian packages that the build, the tests and the C checks use are installed.
-# As root, missing ones are installed with apt-get; otherwise the script fails and names them.
+# Makes sure what the build and the checks use is installed.
+#   install-deps.sh build   the Debian packages that building the libraries and the examples needs
+#                           (`make`, `make install`, `make demo`): nothing else
+#   install-deps.sh [check] those, the packages of the C checks, and the nightly Rust tools that the fuzzer,
+#                           Miri and ThreadSanitizer runs use (`make check`)
+# As root, missing Debian packages are installed with apt-get; otherwise the script fails and names them.
 set -euo pipefail
 
+profile=${1:-check}
+case $profile in
+build | check) ;;
+*)
+    echo "usage: install-deps.sh [build|check]" >&2
+    exit 2
+    ;;
+esac
+
 packages=(
-    libibverbs-dev librdmacm-dev # verbs headers and libraries (rdma-sys, the C headers, C tests)
+    libibverbs-dev librdmacm-dev # verbs headers and libraries (rdma-sys, the C headers, the SPDK provider)
     libclang-dev clang           # rdma-sys generates its bindings with libclang
-    pkg-config                   # rdma-sys finds the verbs libraries; C tests use sqdisc.pc
-    valgrind                     # C tests under valgrind
-    gcc g++ make binutils        # C and C++ header checks, sanitizers, ld/objcopy/nm for the static library
+    pkg-config                   # rdma-sys finds the verbs libraries; examples and C tests use sqdisc.pc
+    gcc make binutils            # the C compiler, ld/objcopy/nm/ar for the static libraries
 )
+if [ "$profile" = check ]; then
+    packages+=(
+        valgrind # C tests under valgrind, callgrind for the benchmark guard
+        g++      # the C++ header check
+    )
+fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
     echo "install-deps: not a Debian system; make sure these (or their equivalents) are installed:" >&2
@@ -38,6 +56,8 @@ else
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+[ "$profile" = build ] && exit 0
 
 # The C API fuzzer (scripts/fuzz.sh): cargo-fuzz, which builds with the nightly toolchain (-Zsanitizer=address).
 if [ -f "$HOME/.cargo/env" ]; then

@@ -17,7 +17,7 @@ use crate::verbs::{ibv_wc, CqHandle};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CqStats {
-    /// CQEs the provider granted (`cq->cqe` at `sqd_cq_new`).
+    /// CQEs the provider granted: `cq->cqe` at `sqd_cq_new`, re-read by `sqd_cq_update_capacity`.
     pub capacity: u64,
     /// CQEs reserved by the attached queues' worst cases.
     pub reserved: u64,

@@ -101,8 +101,10 @@ struct Op {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` (not the
-    /// library's markers).
+    /// Send WRs accepted (posted or parked): the ULP's, and the LocalInv of each `sqd_invalidate` once it was
+    /// posted or parked (not the library's markers). A LocalInv's release goes to its `done` callback, not to
+    /// the queue's `release`; one cancelled before it was posted or parked (a drain, a failed queue, a
+    /// provider refusal) counts in neither counter.
     pub accepted: u64,
     /// Send WRs released, counted as `accepted` is.
     pub released: u64,
@@ -253,11 +255,10 @@ impl Queue {
         if c.sq_depth == 0 || c.sq_depth > MAX_DEPTH {
             return Err(Error::invalid(format!("sq_depth {} is outside 1..={MAX_DEPTH}", c.sq_depth)));
         }
-        if c.rq_depth > MAX_DEPTH || c.backlog_depth > MAX_DEPTH {
-            return Err(Error::invalid(format!(
-                "rq_depth {} or backlog_depth {} is above {MAX_DEPTH}",
-                c.rq_depth, c.backlog_depth
-            )));
+        for (field, value) in [("rq_depth", c.rq_depth), ("backlog_depth", c.backlog_depth)] {
+            if value > MAX_DEPTH {
+                return Err(Error::invalid(format!("{field} {value} is above {MAX_DEPTH}")));
+            }
         }
         if c.max_send_sge > MAX_SGE {
             return Err(Error::invalid(format!("max_send_sge {} is above {MAX_SGE}", c.max_send_sge)));

@@ -38,16 +38,16 @@ pub const SQD_INVALIDATE_FENCE: u32 = 1;
 pub struct QueueAttr {
     /// The QP's `max_send_wr`: the library never lets the provider hold more WQEs. 1..=1048576.
     pub sq_depth: u32,
-    /// The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`).
+    /// The QP's `max_send_sge`: WRs with more SGEs are refused (`-EINVAL`). At most 1024.
     pub max_send_sge: u32,
-    /// The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`).
+    /// The QP's `max_inline_data`: inline WRs carrying more are refused (`-EINVAL`). At most 65536.
     pub max_inline_data: u32,
-    /// The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0.
+    /// The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0. At most 1048576.
     pub rq_depth: u32,
     /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
     pub signal_interval: u32,
     /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
-    /// with `-EAGAIN`. The backlog's storage is allocated here, once.
+    /// with `-EAGAIN`. At most 1048576. The backlog's storage is allocated here, once.
     pub backlog_depth: u32,
     /// Called once per accepted WR (and receive), in post order, when its resources may be reused. May be NULL.
     pub release: ReleaseFn,
@@ -74,7 +74,8 @@ pub struct QueueAttr {
 /// a time, the one that uses the queue's CQs.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
-/// `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
+/// `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ, an `attr->srq` with a
+/// thread-safe send or receive CQ: SRQs are managed on single-threaded CQs only), `-EBUSY` (the QP is
 /// already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
 /// `sqd_srq_release_all`).
 #[no_mangle]
@@ -258,7 +259,10 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
 /// this call on the queue takes no new WRs (`-EIO`); an unsignaled tail is covered at once by a signaled
 /// marker so a CQE proves every posted WR finished; WRs still in the backlog are released as never posted
 /// (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
-/// (flush) completions arrive. The call never blocks.
+/// (flush) completions arrive. Invalidations `sqd_invalidate` still holds back (waiting for a covering
+/// completion) are cancelled: their `done` callback gets `IBV_WC_WR_FLUSH_ERR` with
+/// `SQD_COMPLETION_NEVER_POSTED`, and their rkey was never invalidated, so it stays valid. The call never
+/// blocks.
 ///
 /// Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
 /// still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
