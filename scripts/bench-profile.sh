@@ -66,9 +66,10 @@ profile() {
     done
     {
         echo "callgrind profile of the sqdisc poster (benches/sqd_bench.c, sqdisc_run): batch $b, 1 SGE, sq_depth 128,"
-        echo "signal interval 32, release callback, one sqd_cq_poll per post; provider: $what. Only the measured loop"
-        echo "is collected (--toggle-collect=measured, called for the 1024-WR warm-up and then $n WRs: $wrs WRs in all;"
-        echo "the per-WR column of the lists divides by that)."
+        echo "signal interval 32, release callback, one sqd_cq_poll per post."
+        echo "Provider: $what."
+        echo "Only the measured loop is collected (--toggle-collect=measured, called for the 1024-WR warm-up and then"
+        echo "$n WRs: $wrs WRs in all; the per-WR column of the lists divides by that)."
         echo "Produced by \`make bench\` (scripts/bench.sh); paths are relative to the repository. Numbers in the first"
         echo "column are instructions per WR."
         echo
