@@ -1,6 +1,9 @@
-/* sqd_bench: the workloads behind `make bench` (scripts/bench.sh), on the software HCA's null mode
- * (SQD_SIM_NULL: every WQE completes at post, so what is measured is the poster's own work plus the provider's
- * minimal post/poll path).
+/* sqd_bench: the workloads behind `make bench` (scripts/bench.sh), on one of two providers (-P):
+ *
+ *   null   benches/null_provider.c, a provider of a few instructions per WR (every WQE completes at post; a
+ *          CQE frees every SQ slot up to its WQE): what is measured is the poster's own work.
+ *   sim    the software HCA's null mode (SQD_SIM_NULL: every WQE completes at post): the poster's work plus
+ *          the software HCA's post/poll path, 800 to 1,700 instructions per WR. The default.
  *
  * Three posters run the same loop over one RC QP of sq_depth D (default 128) and one CQ:
  *
@@ -16,22 +19,25 @@
  *                  release callback that counts.
  *
  * Each run first posts a warm-up (-w WRs), then the measured part (-n WRs), then drains and frees everything.
- * Instructions per WR come from two callgrind runs, -n N and -n 0, subtracted (the script does that). The
- * program itself prints, for the measured part: CQEs and doorbells from sqd_sim_stats (and, for sqdisc, from
- * sqd_queue_stats), heap allocations when the alloc_count shim is preloaded, and with -r R the wall-clock
+ * Instructions per WR come from two callgrind runs of different -n, subtracted (the scripts do that). The
+ * program itself prints, for the measured part: CQEs and doorbells from the provider's counters (and, for
+ * sqdisc, from sqd_queue_stats), heap allocations when the alloc_count shim is preloaded, and with -r R the wall-clock
  * ns/WR of R repetitions (median and min; information only).
  *
  *   scale   sqdisc only: Q queues (-q) of depth D on one CQ; WR k goes to queue k mod Q, signaled by the ULP;
  *           the CQ is polled until empty after every P posts (-p, default 8).
- *   memory  heap bytes (malloc_usable_size, with the shim) that sqd_queue_new takes for a queue of depth D with
- *           backlog -k, max_send_sge S, max_inline_data 64.
+ *   memory  for queues of depth D with backlog -k, max_send_sge S, max_inline_data 64: sqd_queue_stats.bytes
+ *           of the first, and the heap (malloc_usable_size, with the shim) that sqd_queue_new takes for the
+ *           first queue on the CQ and for the last of -q queues.
  *
- * usage: sqd_bench MODE [-n wrs] [-w warmup] [-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every]
- *                       [-k backlog] [-r reps]
+ * usage: sqd_bench MODE [-P sim|null] [-n wrs] [-w warmup] [-b batch] [-s sges] [-d depth] [-q queues]
+ *                       [-p poll_every] [-k backlog] [-r reps]
  * Output: one line of key=value pairs. Exits non-zero on any unexpected result. */
 
 #define _GNU_SOURCE
 #include <sqdisc_sim.h>
+
+#include "null_provider.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -42,19 +48,23 @@
 #include <time.h>
 
 #define MAX_BATCH 32
-#define MAX_SGES 4
+#define MAX_SGES 16
 #define WC_MAX 32
 
 enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY };
 static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc", "scale", "memory"};
 
+enum provider { SIM, NULL_PROVIDER };
+
 struct bench {
     enum mode mode;
+    enum provider provider;
     uint64_t wrs, warmup;
     unsigned batch, sges, depth, queues, poll_every, backlog, reps;
     unsigned interval;
 
     struct sqd_sim *sim;
+    struct null_device *null;
     struct ibv_cq *cq;
     struct ibv_qp **qps;
     struct sqd_cq *scq;
@@ -115,25 +125,55 @@ static void on_release(void *ctx, const struct sqd_completion *c)
     b->completed++;
 }
 
+/* The counters of whichever provider runs the bench. */
+struct provider_stats {
+    uint64_t wqes, cqes, doorbells;
+};
+
+static struct provider_stats provider_stats(const struct bench *b)
+{
+    if (b->provider == NULL_PROVIDER) {
+        struct null_stats s;
+        null_device_stats(b->null, &s);
+        return (struct provider_stats){s.wqes, s.cqes, s.doorbells};
+    }
+    struct sqd_sim_stats s;
+    sqd_sim_stats(b->sim, &s);
+    return (struct provider_stats){s.wqes, s.cqes, s.doorbells};
+}
+
+static uint32_t lkey;
+
 static void setup(struct bench *b)
 {
-    struct sqd_sim_config cfg;
-    sqd_sim_config_default(&cfg);
-    cfg.flags = SQD_SIM_NULL;
-    if (sqd_sim_new(&cfg, &b->sim))
-        DIE("sqd_sim_new");
     uint64_t cqe = (uint64_t)b->queues * (b->depth + 1);
     if (cqe > 4194304)
         DIE("%u queues of depth %u need a CQ of %" PRIu64 " CQEs, above the sim's 4194304", b->queues, b->depth, cqe);
-    if (sqd_sim_create_cq(b->sim, (int)cqe, &b->cq))
-        DIE("sqd_sim_create_cq(%" PRIu64 ")", cqe);
-    if (sqd_sim_reg_mr(b->sim, data, sizeof data, IBV_ACCESS_LOCAL_WRITE, &b->mr))
-        DIE("sqd_sim_reg_mr");
+    if (b->provider == NULL_PROVIDER) {
+        if (!(b->null = null_device_new()))
+            DIE("null_device_new");
+        if (!(b->cq = null_create_cq(b->null, (int)cqe)))
+            DIE("null_create_cq(%" PRIu64 ")", cqe);
+        lkey = 1; /* the null provider reads no SGE */
+    } else {
+        struct sqd_sim_config cfg;
+        sqd_sim_config_default(&cfg);
+        cfg.flags = SQD_SIM_NULL;
+        if (sqd_sim_new(&cfg, &b->sim))
+            DIE("sqd_sim_new");
+        if (sqd_sim_create_cq(b->sim, (int)cqe, &b->cq))
+            DIE("sqd_sim_create_cq(%" PRIu64 ")", cqe);
+        if (sqd_sim_reg_mr(b->sim, data, sizeof data, IBV_ACCESS_LOCAL_WRITE, &b->mr))
+            DIE("sqd_sim_reg_mr");
+        lkey = b->mr->lkey;
+    }
     b->qps = calloc(b->queues, sizeof *b->qps);
     b->q = calloc(b->queues, sizeof *b->q);
     if (!b->qps || !b->q)
         DIE("out of memory");
     int managed = b->mode == SQDISC || b->mode == SCALE || b->mode == MEMORY;
+    unsigned long long first_allocs = 0, last_allocs = 0;
+    long long first_heap = 0, last_heap = 0;
     if (managed && sqd_cq_new(b->cq, &b->scq))
         DIE("sqd_cq_new");
     for (unsigned i = 0; i < b->queues; i++) {
@@ -147,8 +187,12 @@ static void setup(struct bench *b)
         attr.cap.max_send_sge = b->sges;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = 64;
-        if (sqd_sim_create_qp(b->sim, &attr, &b->qps[i]))
+        if (b->provider == NULL_PROVIDER) {
+            if (!(b->qps[i] = null_create_qp(b->null, &attr)))
+                DIE("null_create_qp #%u", i);
+        } else if (sqd_sim_create_qp(b->sim, &attr, &b->qps[i])) {
             DIE("sqd_sim_create_qp #%u", i);
+        }
         if (attr.cap.max_send_wr != b->depth)
             DIE("the sim granted max_send_wr %u, not %u", attr.cap.max_send_wr, b->depth);
         if (!managed)
@@ -165,17 +209,31 @@ static void setup(struct bench *b)
         struct allocs before = allocs_now();
         if (sqd_queue_new(b->scq, NULL, b->qps[i], &qa, &b->q[i]))
             DIE("sqd_queue_new #%u", i);
-        if (b->mode == MEMORY && i == 0) {
+        if (b->mode == MEMORY && (i == 0 || i + 1 == b->queues)) {
             struct allocs after = allocs_now();
-            printf("mode=memory depth=%u backlog=%u sges=%u allocs=%llu heap_bytes=%lld\n", b->depth, b->backlog,
-                   b->sges, after.allocs - before.allocs, after.live - before.live);
+            if (i == 0) {
+                first_allocs = after.allocs - before.allocs;
+                first_heap = after.live - before.live;
+            }
+            last_allocs = after.allocs - before.allocs;
+            last_heap = after.live - before.live;
         }
+    }
+    if (b->mode == MEMORY) {
+        struct sqd_queue_stats qs;
+        if (sqd_queue_stats(b->q[0], &qs))
+            DIE("sqd_queue_stats");
+        /* The first queue on a fresh CQ also pays for the CQ's table; with -q 2 or more, the last queue's heap is
+         * what one more queue costs. */
+        printf("mode=memory depth=%u backlog=%u sges=%u queues=%u bytes=%" PRIu64
+               " allocs=%llu heap_bytes=%lld last_allocs=%llu last_heap_bytes=%lld\n",
+               b->depth, b->backlog, b->sges, b->queues, qs.bytes, first_allocs, first_heap, last_allocs, last_heap);
     }
     b->interval = b->depth / 4 ? b->depth / 4 : 1;
     for (unsigned i = 0; i < MAX_BATCH; i++) {
         for (unsigned j = 0; j < MAX_SGES; j++)
             b->sge[i][j] = (struct ibv_sge){
-                .addr = (uintptr_t)data[i * MAX_SGES + j], .length = sizeof data[0], .lkey = b->mr->lkey};
+                .addr = (uintptr_t)data[i * MAX_SGES + j], .length = sizeof data[0], .lkey = lkey};
         b->wr[i] = (struct ibv_send_wr){.sg_list = b->sge[i], .num_sge = (int)b->sges, .opcode = IBV_WR_SEND};
     }
 }
@@ -187,7 +245,15 @@ static void teardown(struct bench *b)
             DIE("sqd_queue_free #%u", i);
     if (b->scq && sqd_cq_free(b->scq))
         DIE("sqd_cq_free");
-    sqd_sim_free(b->sim);
+    if (b->provider == NULL_PROVIDER) {
+        for (unsigned i = 0; i < b->queues; i++)
+            null_destroy_qp(b->qps[i]);
+        null_destroy_cq(b->cq);
+        if (null_device_free(b->null))
+            DIE("null_device_free: objects left");
+    } else {
+        sqd_sim_free(b->sim);
+    }
     free(b->qps);
     free(b->q);
 }
@@ -410,8 +476,8 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|scale|memory [-n wrs] [-w warmup] [-b batch] "
-            "[-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-r reps]");
+        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+            "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-r reps]");
     int found = 0;
     for (int m = RAW_SIGNAL; m <= MEMORY; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
@@ -432,6 +498,16 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (argv[i][0] != '-' || argv[i][1] == '\0' || argv[i][2] != '\0' || i + 1 >= argc)
             DIE("bad argument %s", argv[i]);
+        if (argv[i][1] == 'P') {
+            if (strcmp(argv[i + 1], "null") == 0)
+                b.provider = NULL_PROVIDER;
+            else if (strcmp(argv[i + 1], "sim") == 0)
+                b.provider = SIM;
+            else
+                DIE("unknown provider %s (sim or null)", argv[i + 1]);
+            i++;
+            continue;
+        }
         unsigned long v = arg(argv[i + 1], argv[i]);
         switch (argv[i][1]) {
         case 'n': b.wrs = v; break;
@@ -465,11 +541,11 @@ int main(int argc, char **argv)
     }
 
     measured(&b, b.warmup);
-    struct sqd_sim_stats s0, s1;
+    struct provider_stats s0, s1;
     struct sqd_queue_stats q0, q1;
     memset(&q0, 0, sizeof q0);
     memset(&q1, 0, sizeof q1);
-    sqd_sim_stats(b.sim, &s0);
+    s0 = provider_stats(&b);
     if (b.mode == SQDISC)
         sqd_queue_stats(b.q[0], &q0);
     uint64_t cqes0 = scale_cqes;
@@ -478,7 +554,7 @@ int main(int argc, char **argv)
     measured(&b, b.wrs);
     double t1 = now_ns();
     struct allocs a1 = allocs_now();
-    sqd_sim_stats(b.sim, &s1);
+    s1 = provider_stats(&b);
     if (b.mode == SQDISC)
         sqd_queue_stats(b.q[0], &q1);
     uint64_t polled = scale_cqes - cqes0;
@@ -509,7 +585,8 @@ int main(int argc, char **argv)
     }
 
     double n = b.wrs ? (double)b.wrs : 1.0;
-    printf("mode=%s batch=%u sges=%u depth=%u queues=%u wrs=%" PRIu64 " warmup=%" PRIu64, mode_names[b.mode], b.batch,
+    printf("mode=%s provider=%s batch=%u sges=%u depth=%u queues=%u wrs=%" PRIu64 " warmup=%" PRIu64, mode_names[b.mode],
+           b.provider == NULL_PROVIDER ? "null" : "sim", b.batch,
            b.sges, b.depth, b.queues, b.wrs, b.warmup);
     printf(" wqes=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64 " cqes_per_wr=%.5f doorbells_per_wr=%.5f",
            s1.wqes - s0.wqes, s1.cqes - s0.cqes, s1.doorbells - s0.doorbells, (double)(s1.cqes - s0.cqes) / n,

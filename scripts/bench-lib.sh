@@ -1,8 +1,9 @@
 # Shared by scripts/bench.sh and scripts/bench-guard.sh (sourced, not run).
 #
 # bench_init STAGE_DIR LIBDIR_IN_STAGE   sets $root, $out, $bin and builds, against the staged install and only
-#                                        through pkg-config (as a user would), build/bench/bin/sqd_bench and
-#                                        build/bench/bin/alloc_count.so
+#                                        through pkg-config (as a user would), build/bench/bin/sqd_bench (with
+#                                        the null provider, benches/null_provider.c), null_provider_check and
+#                                        alloc_count.so in build/bench/bin/
 # cg_total [valgrind options --] ARGS    instructions callgrind counts for one run of sqd_bench ARGS
 # per_wr FULL ZERO N                     (FULL - ZERO) / N with one decimal
 # kv KEY LINE                            the value of KEY=... in a key=value line
@@ -26,8 +27,10 @@ bench_init() {
     read -r -a libs <<< "$(bench_pc --libs sqdisc)"
     mkdir -p "$bin"
     local cc=${CC:-cc} strict=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
-    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" -o "$bin/sqd_bench" "${libs[@]}" \
-        -Wl,-rpath,"$lib"
+    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" "$root/benches/null_provider.c" \
+        -o "$bin/sqd_bench" "${libs[@]}" -Wl,-rpath,"$lib"
+    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/null_provider_check.c" "$root/benches/null_provider.c" \
+        -o "$bin/null_provider_check"
     "$cc" "${strict[@]}" -O2 -fPIC -shared "$root/benches/alloc_count.c" -o "$bin/alloc_count.so"
 }
 
@@ -50,3 +53,19 @@ kv() { tr ' ' '\n' <<< "$2" | sed -n "s/^$1=//p"; }
 
 # The callgrind options that count only the software HCA's ops (its post_send, poll_cq...), inclusive.
 SIM_ONLY=('--toggle-collect=sqdisc::sim::ops::*')
+
+# cg_per_wr N [valgrind options] -- ARGS   (I(2N) - I(N)) / N for sqd_bench ARGS: the setup, the warm-up and the
+#                                          teardown are in both runs and cancel out
+cg_per_wr() {
+    local n=$1 vg=()
+    shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do vg+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    per_wr "$(cg_total "${vg[@]}" -- "$@" -n $((2 * n)))" "$(cg_total "${vg[@]}" -- "$@" -n "$n")" "$n"
+}
+
+# The callgrind options that count only the null provider's ops (benches/null_provider.c), inclusive.
+NULL_ONLY=(--toggle-collect=null_post_send --toggle-collect=null_poll_cq)
+
+# The targets for sqdisc / hand-moderated raw verbs on the null provider, per batch size (docs/PERFORMANCE.md).
+declare -A NULL_TARGET=([1]=2.5 [8]=2.0 [32]=1.5)

@@ -1,0 +1,254 @@
+/* The null verbs provider of the benchmarks: see null_provider.h for what it does. */
+
+#include "null_provider.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What a WQE keeps until its CQE is polled. */
+struct null_wqe {
+    uint64_t wr_id;
+    uint32_t opcode; /* enum ibv_wr_opcode */
+};
+
+/* A CQE names its QP and the sequence number of its WQE; the rest is read from the WQE when polled. */
+struct null_cqe {
+    struct null_qp *qp;
+    uint32_t seq;
+};
+
+struct null_cq {
+    struct ibv_cq cq; /* first: the ops cast the ibv_cq pointer back */
+    struct null_device *dev;
+    struct null_cqe *ring;
+    uint32_t mask;
+    uint32_t head, tail; /* free-running: entries [tail, head) are pending */
+    int overrun;
+};
+
+struct null_qp {
+    struct ibv_qp qp; /* first, as above */
+    struct null_device *dev;
+    struct null_cq *send_cq;
+    struct null_wqe *ring; /* a power of two >= depth entries */
+    uint32_t mask, depth;
+    uint32_t head, tail; /* free-running: WQEs [tail, head) hold a slot */
+    unsigned sig_all;
+};
+
+struct null_device {
+    /* libibverbs' layout of an extended context (verbs_get_ctx finds the verbs_context around the ibv_context);
+     * every extended op is NULL with sz covering them all, so the inline extended verbs report EOPNOTSUPP. */
+    struct verbs_context vctx;
+    struct ibv_device ibdev;
+    struct null_stats stats;
+    unsigned objects;
+    uint32_t next_qp_num;
+};
+
+static struct null_device *dev_of(struct ibv_context *ctx)
+{
+    return (struct null_device *)((char *)ctx - offsetof(struct null_device, vctx.context));
+}
+
+static int null_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    struct null_cq *cq = qp->send_cq;
+    /* Locals, so that the stores into the rings need not reload the QP's fields on every WR. */
+    struct null_wqe *ring = qp->ring;
+    const uint32_t mask = qp->mask, limit = qp->tail + qp->depth;
+    const unsigned sig_all = qp->sig_all;
+    uint32_t head = qp->head, start = head;
+    int ret = 0;
+    for (; wr; wr = wr->next) {
+        if (head == limit) {
+            ret = ENOMEM;
+            break;
+        }
+        struct null_wqe *w = &ring[head & mask];
+        w->wr_id = wr->wr_id;
+        w->opcode = wr->opcode;
+        if ((wr->send_flags & IBV_SEND_SIGNALED) | sig_all) {
+            if (cq->head - cq->tail > cq->mask) {
+                cq->overrun = 1;
+            } else {
+                cq->ring[cq->head++ & cq->mask] = (struct null_cqe){qp, head};
+                qp->dev->stats.cqes++;
+            }
+        }
+        head++;
+    }
+    qp->head = head;
+    qp->dev->stats.wqes += head - start;
+    if (head != start)
+        qp->dev->stats.doorbells++;
+    if (ret) {
+        qp->dev->stats.refused++;
+        *bad_wr = wr;
+    }
+    return ret;
+}
+
+static int null_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    (void)qp;
+    (void)wr;
+    (void)bad_wr;
+    return 0;
+}
+
+static enum ibv_wc_opcode wc_opcode(uint32_t wr_opcode)
+{
+    switch (wr_opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    default: return IBV_WC_SEND;
+    }
+}
+
+static int null_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+    struct null_cq *cq = (struct null_cq *)ibcq;
+    if (cq->overrun) {
+        errno = EOVERFLOW;
+        return -1;
+    }
+    int i = 0;
+    for (uint32_t tail = cq->tail; i < n && tail != cq->head; i++, tail++) {
+        struct null_cqe *c = &cq->ring[tail & cq->mask];
+        struct null_qp *qp = c->qp;
+        struct null_wqe *w = &qp->ring[c->seq & qp->mask];
+        qp->tail = c->seq + 1; /* every WQE up to this one is complete: their slots are free */
+        memset(&wc[i], 0, sizeof wc[i]);
+        wc[i].wr_id = w->wr_id;
+        wc[i].status = IBV_WC_SUCCESS;
+        wc[i].opcode = wc_opcode(w->opcode);
+        wc[i].qp_num = qp->qp.qp_num;
+    }
+    cq->tail += (uint32_t)i;
+    return i;
+}
+
+static uint32_t pow2_at_least(uint32_t n)
+{
+    uint32_t p = 1;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
+struct null_device *null_device_new(void)
+{
+    struct null_device *dev = calloc(1, sizeof *dev);
+    if (!dev)
+        return NULL;
+    strcpy(dev->ibdev.name, "sqd_null0");
+    strcpy(dev->ibdev.dev_name, "sqd_null0");
+    dev->ibdev.node_type = IBV_NODE_CA;
+    dev->ibdev.transport_type = IBV_TRANSPORT_IB;
+    struct ibv_context *ctx = &dev->vctx.context;
+    ctx->device = &dev->ibdev;
+    ctx->cmd_fd = -1;
+    ctx->async_fd = -1;
+    ctx->num_comp_vectors = 1;
+    ctx->ops.post_send = null_post_send;
+    ctx->ops.post_recv = null_post_recv;
+    ctx->ops.poll_cq = null_poll_cq;
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    dev->vctx.sz = sizeof dev->vctx;
+    dev->next_qp_num = 0x100;
+    return dev;
+}
+
+int null_device_free(struct null_device *dev)
+{
+    if (!dev)
+        return 0;
+    if (dev->objects)
+        return -1;
+    free(dev);
+    return 0;
+}
+
+struct ibv_cq *null_create_cq(struct null_device *dev, int cqe)
+{
+    if (!dev || cqe < 1 || cqe > (1 << 30))
+        return NULL;
+    struct null_cq *cq = calloc(1, sizeof *cq);
+    uint32_t size = pow2_at_least((uint32_t)cqe);
+    struct null_cqe *ring = calloc(size, sizeof *ring);
+    if (!cq || !ring) {
+        free(cq);
+        free(ring);
+        return NULL;
+    }
+    cq->cq.context = &dev->vctx.context;
+    cq->cq.cqe = (int)size;
+    cq->dev = dev;
+    cq->ring = ring;
+    cq->mask = size - 1;
+    dev->objects++;
+    return &cq->cq;
+}
+
+int null_destroy_cq(struct ibv_cq *ibcq)
+{
+    struct null_cq *cq = (struct null_cq *)ibcq;
+    dev_of(ibcq->context)->objects--;
+    free(cq->ring);
+    free(cq);
+    return 0;
+}
+
+struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *attr)
+{
+    if (!dev || !attr || !attr->send_cq || attr->send_cq->context != &dev->vctx.context ||
+        (attr->recv_cq && attr->recv_cq->context != &dev->vctx.context) || attr->qp_type != IBV_QPT_RC ||
+        attr->cap.max_send_wr < 1 || attr->cap.max_send_wr > (1u << 30) || attr->srq)
+        return NULL;
+    struct null_qp *qp = calloc(1, sizeof *qp);
+    uint32_t size = pow2_at_least(attr->cap.max_send_wr);
+    struct null_wqe *ring = calloc(size, sizeof *ring);
+    if (!qp || !ring) {
+        free(qp);
+        free(ring);
+        return NULL;
+    }
+    qp->qp.context = &dev->vctx.context;
+    qp->qp.send_cq = attr->send_cq;
+    qp->qp.recv_cq = attr->recv_cq;
+    qp->qp.qp_num = dev->next_qp_num++;
+    qp->qp.qp_type = IBV_QPT_RC;
+    qp->qp.state = IBV_QPS_RTS;
+    qp->qp.qp_context = attr->qp_context;
+    qp->dev = dev;
+    qp->send_cq = (struct null_cq *)attr->send_cq;
+    qp->ring = ring;
+    qp->mask = size - 1;
+    qp->depth = attr->cap.max_send_wr;
+    qp->sig_all = attr->sq_sig_all ? IBV_SEND_SIGNALED : 0;
+    dev->objects++;
+    return &qp->qp;
+}
+
+int null_destroy_qp(struct ibv_qp *ibqp)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    qp->dev->objects--;
+    free(qp->ring);
+    free(qp);
+    return 0;
+}
+
+void null_device_stats(const struct null_device *dev, struct null_stats *out)
+{
+    *out = dev->stats;
+}

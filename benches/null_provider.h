@@ -1,0 +1,53 @@
+/* A null verbs provider for the benchmarks: a device that costs a few instructions per WR, so that what a
+ * benchmark measures on it is the poster's own work (the library, the ULP's loop), not the HCA's.
+ *
+ * It is built the way a provider outside the project would be: a `struct verbs_context` whose ops table holds
+ * post_send, post_recv and poll_cq, reached by libibverbs' inline ibv_post_send()/ibv_poll_cq() through
+ * `qp->context->ops` and `cq->context->ops`. Its objects are plain `struct ibv_qp`/`struct ibv_cq` with the
+ * fields a consumer reads filled in (context, qp_num, qp_type, state, send_cq, recv_cq, cqe).
+ *
+ * Behaviour (one RC QP is an SQ ring of max_send_wr slots, one CQ a ring of cqe entries):
+ *   post_send  per WR: refuses with ENOMEM when every SQ slot is taken (a WQE holds its slot until a CQE at or
+ *              after it is polled, so a poster that never signals runs out: a moderation bug shows); else
+ *              records the WQE (wr_id, opcode) in its slot and, when it is signaled (IBV_SEND_SIGNALED or
+ *              sq_sig_all), appends a CQE to the send CQ at once. The WQE is complete when posted; nothing is
+ *              transferred and the SGEs are not read (nor is num_sge checked against max_send_sge).
+ *   post_recv  accepts and drops receives (no receive completions are ever made).
+ *   poll_cq    pops up to n CQEs into ibv_wc (status IBV_WC_SUCCESS, the WQE's wr_id, opcode, qp_num); a CQE
+ *              frees every SQ slot of its QP up to and including its WQE.
+ * A CQ overrun (a signaled WQE with the CQ full) makes every later poll_cq return -1 (errno EOVERFLOW).
+ * Not thread-safe: one thread per device. */
+
+#ifndef SQD_BENCH_NULL_PROVIDER_H
+#define SQD_BENCH_NULL_PROVIDER_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+struct null_device;
+
+/* Counters over the device's life (the bench subtracts two snapshots). */
+struct null_stats {
+    uint64_t wqes;      /* WQEs accepted by post_send */
+    uint64_t cqes;      /* CQEs made (signaled WQEs) */
+    uint64_t doorbells; /* post_send calls that accepted at least one WQE */
+    uint64_t refused;   /* post_send calls refused (ENOMEM: no free SQ slot) */
+};
+
+/* NULL on allocation failure. */
+struct null_device *null_device_new(void);
+/* Frees the device; its CQs and QPs must be destroyed first (returns -1 otherwise, and frees nothing). */
+int null_device_free(struct null_device *dev);
+
+/* A CQ of `cqe` entries (>= 1), rounded up to a power of two as providers do; NULL on bad input or no memory. */
+struct ibv_cq *null_create_cq(struct null_device *dev, int cqe);
+int null_destroy_cq(struct ibv_cq *cq);
+
+/* An RC QP in RTS (there is no connection to make). attr->send_cq must be a CQ of this device, attr->recv_cq
+ * one of this device or NULL; attr->cap is granted as asked (max_send_wr >= 1). */
+struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *attr);
+int null_destroy_qp(struct ibv_qp *qp);
+
+void null_device_stats(const struct null_device *dev, struct null_stats *out);
+
+#endif

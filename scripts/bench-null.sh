@@ -1,0 +1,131 @@
+# `make bench`, first part: what sqdisc itself costs per WR, on the null provider (benches/null_provider.c: a few
+# instructions per WR), against the two raw-verbs posters; the memory of a queue at rest; the profiles of the
+# sqdisc poster at batch 1, 8 and 32 (docs/perf/null-batchB.txt). Sourced by scripts/bench.sh after
+# bench-lib.sh's bench_init and bench-profile.sh; null_section prints its part of the report (markdown).
+#
+# Instructions per WR are (I(2N) - I(N)) / N: two callgrind runs of the same workload with N and 2N counted WRs
+# after the same 1024-WR warm-up, so setup, warm-up and teardown cancel out.
+
+null_section() {
+    local n=$1 depth=128 interval=32
+    local batches=(1 8 32) posters=(raw-moderated raw-signal sqdisc)
+    local -A ins prov cq al
+    local b p
+    for b in "${batches[@]}"; do
+        for p in "${posters[@]}"; do
+            local k=$p/$b args=("$p" -P null -b "$b" -s 1 -d "$depth")
+            ins[$k]=$(cg_per_wr "$n" -- "${args[@]}")
+            prov[$k]=$(cg_per_wr "$n" "${NULL_ONLY[@]}" -- "${args[@]}")
+            local line
+            line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/sqd_bench" "${args[@]}" -n "$n")
+            cq[$k]=$(kv cqes_per_wr "$line")
+            al[$k]=$(kv allocs_per_wr "$line")
+            [ -n "${al[$k]}" ] || { note "bench: the allocation counter was not loaded: $line"; exit 1; }
+            if [ "$p" = sqdisc ]; then
+                [ "$(kv q_send_cqes "$line")" = "$(kv cqes "$line")" ] && [ "$(kv q_doorbells "$line")" = "$(kv doorbells "$line")" ] \
+                    || { note "bench: sqd_queue_stats disagrees with the null provider's counters: $line"; exit 1; }
+                [ "$(kv q_parked "$line")" = 0 ] || { note "bench: WRs went through the backlog: $line"; exit 1; }
+            fi
+            note "$(printf 'null provider: %-13s batch %2s: %7s instr/WR (provider %5s) cqes/WR %s allocs/WR %s' \
+                "$p" "$b" "${ins[$k]}" "${prov[$k]}" "${cq[$k]}" "${al[$k]}")"
+        done
+    done
+
+    # Memory at rest: sqd_queue_stats.bytes, and the heap sqd_queue_new takes (through the shim) for the first
+    # queue on a fresh CQ and for a second one on the same CQ. max_inline_data 64 throughout.
+    local -A mbytes mheap mheap2 mal2
+    local d s kk
+    for d in 16 128 256; do
+        for s in 1 4 16; do
+            for kk in 0 "$d"; do
+                local line
+                line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/sqd_bench" memory -P null -d "$d" -s "$s" -k "$kk" -q 2)
+                mbytes[$d/$s/$kk]=$(kv bytes "$line")
+                mheap[$d/$s/$kk]=$(kv heap_bytes "$line")
+                mheap2[$d/$s/$kk]=$(kv last_heap_bytes "$line")
+                mal2[$d/$s/$kk]=$(kv last_allocs "$line")
+            done
+        done
+    done
+    note "memory: measured 18 queue shapes on the null provider"
+
+    # Poll cost per CQE against the number of queues on the CQ (scale mode: every WR signaled by the ULP, WR k to
+    # queue k mod Q, the CQ polled until empty every 8 posts): sqd_cq_poll inclusive, the provider's poll_cq too.
+    local -A spoll
+    local qn
+    for qn in 1 100 10000; do
+        local warm=$((2 * qn > 1024 ? 2 * qn : 1024))
+        spoll[$qn]=$(cg_per_wr "$n" --toggle-collect=sqd_cq_poll -- scale -P null -q "$qn" -d 16 -p 8 -w "$warm")
+        note "null provider: scale $qn queues: sqd_cq_poll ${spoll[$qn]} instr/CQE"
+    done
+
+    for b in "${batches[@]}"; do
+        note "profile: null provider, batch $b -> docs/perf/null-batch$b.txt"
+        profile null "$b" "$n" "${ins[sqdisc/$b]}" "docs/perf/null-batch$b.txt"
+    done
+
+    ratio2() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+    local hp=${prov[raw-moderated/32]} hp1=${prov[raw-moderated/1]}
+
+    echo "### sqdisc on a null provider"
+    echo
+    echo "The posters below run on \`benches/null_provider.c\`, a verbs provider of a few instructions per WR (its"
+    echo "post_send records each WQE and completes it at once, a CQE for a signaled WQE; its poll_cq pops CQEs, and a"
+    echo "CQE frees every SQ slot up to its WQE; a post with every SQ slot taken fails with ENOMEM). What is left is"
+    echo "the poster's own work: the library and the ULP's loop. Workload as in the next section: one RC QP,"
+    echo "sq_depth $depth, 1 SGE, SEND WRs posted as one chain per batch, one poll (up to 32 completions) per post;"
+    echo "sqdisc with the default signal interval ($interval) and a release callback. Instructions per WR by callgrind,"
+    echo "(I(2N) - I(N)) / N with N = $n after a 1024-WR warm-up, so setup and teardown cancel out."
+    echo
+    echo "| batch | hand-moderated raw | signal-every-WR raw | sqdisc | sqdisc / hand-mod | target | sqdisc < signal-every-WR |"
+    echo "|---:|---:|---:|---:|---:|---:|---|"
+    for b in "${batches[@]}"; do
+        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} q=${ins[sqdisc/$b]} r less
+        r=$(ratio2 "$q" "$m")
+        if [ "$b" = 1 ]; then
+            less="(no target)"
+        else
+            less=$(awk -v q="$q" -v a="$a" 'BEGIN { print (q < a ? "yes" : "no") }')
+        fi
+        echo "| $b | $m | $a | **$q** | **$r** | <= ${NULL_TARGET[$b]} ($(awk -v r="$r" -v t="${NULL_TARGET[$b]}" 'BEGIN { print (r <= t ? "met" : "not met") }')) | $less |"
+    done
+    echo
+    echo "| batch | the provider's own instr/WR: hand-mod · signal-every-WR · sqdisc | CQEs/WR: hand-mod · signal-every-WR · sqdisc | heap allocations/WR: hand-mod · signal-every-WR · sqdisc |"
+    echo "|---:|---|---|---|"
+    for b in "${batches[@]}"; do
+        echo "| $b | ${prov[raw-moderated/$b]} · ${prov[raw-signal/$b]} · ${prov[sqdisc/$b]} | ${cq[raw-moderated/$b]} · ${cq[raw-signal/$b]} · ${cq[sqdisc/$b]} | ${al[raw-moderated/$b]} · ${al[raw-signal/$b]} · ${al[sqdisc/$b]} |"
+    done
+    echo
+    echo "Poll cost against the number of queues on one CQ (every WR signaled by the ULP, WR k to queue k mod Q, queues"
+    echo "of depth 16, the CQ polled until empty every 8 posts): \`sqd_cq_poll\` costs ${spoll[1]} instructions per CQE"
+    echo "with 1 queue, ${spoll[100]} with 100 and ${spoll[10000]} with 10,000 (ratio $(ratio2 "${spoll[10000]}" "${spoll[1]}"); the provider's poll_cq"
+    echo "included)."
+    echo
+    echo "The null provider itself costs $hp1 (batch 1) to $hp (batch 32) instructions per WR for the hand-moderated"
+    echo "poster (its post_send and poll_cq, counted with callgrind --toggle-collect). The targets column is the goal"
+    echo "of the hot-path work still to come, not a result; \`make bench-guard\` checks today's ratios with a margin."
+    echo
+    echo "### Memory of a queue at rest"
+    echo
+    echo "\`sqd_queue_stats.bytes\` (the queue's fixed part, 16 bytes per SQ slot rounded up to a power of two, the"
+    echo "backlog's preallocated WR copies), and the heap \`sqd_queue_new\` takes, measured by \`benches/alloc_count.so\`"
+    echo "(malloc_usable_size): for the first queue on a fresh CQ (which also sizes the CQ's queue table) and for a"
+    echo "second queue on the same CQ. max_inline_data 64. The backlog is the sqdisc default (as deep as the SQ) or 0."
+    echo
+    echo "| sq_depth | max_send_sge | backlog | bytes (stats) | heap, first queue | heap, next queue (allocations) |"
+    echo "|---:|---:|---:|---:|---:|---:|"
+    for d in 16 128 256; do
+        for s in 1 4 16; do
+            for kk in 0 "$d"; do
+                local key=$d/$s/$kk
+                echo "| $d | $s | $kk | ${mbytes[$key]} | ${mheap[$key]} | ${mheap2[$key]} (${mal2[$key]}) |"
+            done
+        done
+    done
+    echo
+    local spdk=${mbytes[256/16/256]}
+    echo "Target: a queue of depth 256, 16 SGEs and a 256-deep backlog at most 16 KB (16384 bytes) at rest, with"
+    echo "parked WRs taken from a pool shared per CQ. Today: $spdk bytes ($(awk -v x="$spdk" 'BEGIN { print (x <= 16384 ? "met" : "not met") }'));"
+    echo "the backlog's WR copies are preallocated per queue."
+    echo
+}
