@@ -345,7 +345,8 @@ struct sqd_queue_stats {
      */
     uint32_t closed;
     /**
-     * MRs tracked precisely (`sqd_queue_track_mr`).
+     * MRs tracked precisely now (`sqd_queue_track_mr`); one handed to `sqd_defer_dereg_mr` counts until its
+     * deregistration has run.
      */
     uint32_t tracked_mrs;
     /**
@@ -684,8 +685,11 @@ int32_t sqd_invalidate(struct sqd_queue *q,
 /**
  * Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
  * name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
- * of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
- * tear down while traffic continues, not every MR.
+ * of every WR accepted so far. The WRs accepted before this call were not looked at: until each of them is
+ * released it counts as a use, so tracking an MR that WRs in flight read never lets it go early. Costs a scan
+ * of the tracked MRs for each SGE posted: track the few MRs you tear down while traffic continues, not every
+ * MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
+ * on this queue has run.
  *
  * Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
  */
@@ -708,8 +712,10 @@ int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn 
 /**
  * Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
  * queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
- * use or deregister it yourself afterwards. A failed deregistration counts in
- * `sqd_queue_stats.teardown_failures`.
+ * use or deregister it yourself afterwards. If `mr` is tracked on this queue (`sqd_queue_track_mr`), the queue
+ * untracks it when the deregistration has run (`sqd_queue_stats.tracked_mrs` drops; a later MR with the same
+ * lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
+ * deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
  *
  * Returns 0, or `-EINVAL` (NULL argument).
  */

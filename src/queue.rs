@@ -69,14 +69,16 @@ enum Action {
     User(Deferred),
     /// Post the library operation with this id (a deferred LocalInv).
     PostOp(u32),
-    /// Deregister an MR or deallocate an MW.
-    Teardown(Teardown),
+    /// Deregister an MR or deallocate an MW; `untrack`: the lkey of the MR, tracked when it was handed over,
+    /// to stop tracking once it is gone (its key may then name a new MR).
+    Teardown { teardown: Teardown, untrack: Option<u32> },
 }
 
 /// An MR whose uses the queue tracks precisely (see `Queue::track_mr`).
 struct TrackedMr {
     lkey: u32,
-    /// `accepted` right after the newest WR whose SGEs use it (0: none yet).
+    /// `accepted` right after the newest WR whose SGEs may use it: every WR accepted before it was tracked may
+    /// (the queue did not look at their SGEs), so it starts at `accepted` as of `track_mr`.
     last_use: u64,
 }
 
@@ -150,7 +152,8 @@ pub struct QueueStats {
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
-    /// MRs tracked precisely (`sqd_queue_track_mr`).
+    /// MRs tracked precisely now (`sqd_queue_track_mr`); one handed to `sqd_defer_dereg_mr` counts until its
+    /// deregistration has run.
     pub tracked_mrs: u32,
     /// Deferred deregistrations or deallocations that failed.
     pub teardown_failures: u64,
@@ -429,13 +432,15 @@ impl Queue {
 
     /// Tracks the uses of the MR with `lkey` precisely: from now on the queue remembers the newest WR whose SGEs
     /// name it, so [`Queue::defer_mr`] and [`Queue::defer_teardown`] on it wait only for the WRs that use it
-    /// (instead of every WR accepted so far). Costs a scan of the tracked MRs per SGE at post.
+    /// (instead of every WR accepted so far). The WRs accepted before this call were not looked at: each of them
+    /// counts as a use. Costs a scan of the tracked MRs per SGE at post.
     pub fn track_mr(&self, lkey: u32) -> Result<()> {
         let mut st = self.shared.state.borrow_mut();
         if st.tracked.iter().any(|t| t.lkey == lkey) {
             return Err(Error::new(libc::EEXIST, format!("the MR with lkey {lkey:#x} is already tracked")));
         }
-        st.tracked.push(TrackedMr { lkey, last_use: 0 });
+        let last_use = st.send.accepted();
+        st.tracked.push(TrackedMr { lkey, last_use });
         Ok(())
     }
 
@@ -458,9 +463,12 @@ impl Queue {
 
     /// Deregisters an MR (or deallocates an MW) once no in-flight WR can reference it: as [`Queue::defer_mr`]
     /// with the MR's `lkey`, or after every WR accepted so far with `None` (memory windows, which WRs reference
-    /// by rkey at the peer). A failed deregistration is counted in `QueueStats::teardown_failures`.
+    /// by rkey at the peer). An MR tracked on this queue ([`Queue::track_mr`]) when it is handed over is
+    /// untracked when the deregistration runs, whether that succeeds or not. A failed deregistration is counted in
+    /// `QueueStats::teardown_failures`.
     pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) {
-        self.shared.defer_action(lkey, Action::Teardown(teardown));
+        let untrack = lkey.filter(|&k| self.shared.state.borrow().tracked.iter().any(|t| t.lkey == k));
+        self.shared.defer_action(lkey, Action::Teardown { teardown, untrack });
     }
 
     /// Invalidates `rkey` (a LocalInv of an MR or MW the ULP exposed to its peer) at the first moment it is safe:
@@ -924,9 +932,14 @@ impl QueueShared {
                 Item::OpDone(done) => call(done.as_ref(), &c),
                 Item::Action(Action::User(d)) => d.run(),
                 Item::Action(Action::PostOp(id)) => self.post_op(id),
-                Item::Action(Action::Teardown(t)) => {
-                    if t.run() != 0 {
-                        self.state.borrow_mut().teardown_failures += 1;
+                Item::Action(Action::Teardown { teardown, untrack }) => {
+                    let failed = teardown.run() != 0;
+                    let mut st = self.state.borrow_mut();
+                    if failed {
+                        st.teardown_failures += 1;
+                    }
+                    if let Some(i) = untrack.and_then(|k| st.tracked.iter().position(|t| t.lkey == k)) {
+                        st.tracked.swap_remove(i);
                     }
                 }
                 Item::Idle => {

@@ -319,8 +319,11 @@ pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u3
 
 /// Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
 /// name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
-/// of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
-/// tear down while traffic continues, not every MR.
+/// of every WR accepted so far. The WRs accepted before this call were not looked at: until each of them is
+/// released it counts as a use, so tracking an MR that WRs in flight read never lets it go early. Costs a scan
+/// of the tracked MRs for each SGE posted: track the few MRs you tear down while traffic continues, not every
+/// MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
+/// on this queue has run.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
 #[no_mangle]
@@ -364,8 +367,10 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
 
 /// Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
 /// queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
-/// use or deregister it yourself afterwards. A failed deregistration counts in
-/// `sqd_queue_stats.teardown_failures`.
+/// use or deregister it yourself afterwards. If `mr` is tracked on this queue (`sqd_queue_track_mr`), the queue
+/// untracks it when the deregistration has run (`sqd_queue_stats.tracked_mrs` drops; a later MR with the same
+/// lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
+/// deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
 ///
 /// Returns 0, or `-EINVAL` (NULL argument).
 #[no_mangle]
