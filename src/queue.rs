@@ -7,6 +7,7 @@ use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_inline, check_shape, Limits};
+use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
@@ -350,7 +351,7 @@ impl Queue {
             Some(r) if !same_cq => match r.shared.attach(qp_num, recv_need, &format!("rq_depth {}", c.rq_depth)) {
                 Ok(i) => i,
                 Err(e) => {
-                    send_cq.shared.detach(send_index, qp_num, send_need, false);
+                    send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
                     return Err(e);
                 }
             },
@@ -358,9 +359,9 @@ impl Queue {
         };
         if let (Some(srq), Some(r)) = (srq, recv_cq) {
             if let Err(e) = r.shared.attach_srq(&srq.shared) {
-                send_cq.shared.detach(send_index, qp_num, send_need, false);
+                send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
                 if !same_cq {
-                    r.shared.detach(recv_index, qp_num, recv_need, false);
+                    r.shared.detach(recv_index, qp_num, recv_need, RetiredQueue::default());
                 }
                 return Err(e);
             }
@@ -545,11 +546,19 @@ impl Drop for Queue {
             r.detach_srq(srq.id);
             srq.queues.set(srq.queues.get() - 1);
         }
-        let abandoned = s.state.borrow().send.is_abandoned();
-        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need, abandoned);
+        // What may still complete (after an async event released everything, or when dropped early) is
+        // remembered by each CQ, so those completions are dropped there instead of reaching the ULP.
+        let (send, recv) = {
+            let st = s.state.borrow();
+            (st.send.unfinished(), st.recv.as_ref().map(|r| r.unfinished()).unwrap_or_default())
+        };
+        let same_cq = s.recv_cq.as_ref().is_some_and(|r| Rc::ptr_eq(r, &s.send_cq));
+        let send_late = RetiredQueue { index: s.send_index, send, recv: if same_cq { recv } else { Default::default() } };
+        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need, send_late);
         if let Some(r) = &s.recv_cq {
-            if !Rc::ptr_eq(r, &s.send_cq) {
-                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need, abandoned);
+            if !same_cq {
+                let recv_late = RetiredQueue { index: s.recv_index, send: Default::default(), recv };
+                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need, recv_late);
             }
         }
     }

@@ -411,9 +411,12 @@ pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
 /// HCA no longer executes its WRs, and its CQ may deliver no flush completion at all: the queue fails and
 /// releases at once, in post order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
 /// backlogged WR as never posted; completions that still arrive for them are swallowed (counted in
-/// `late_cqes`), also after `sqd_queue_free`: the CQ remembers the QP numbers of the last 64 queues freed this
-/// way and drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the
-/// ULP (a number is forgotten when a new queue on the CQ takes it). Release callbacks run inside this call.
+/// `late_cqes`), also after `sqd_queue_free`, however many queues were freed this way: each CQ remembers, per
+/// freed queue, the WQEs and receives the provider held at the event and no completion has covered since, and
+/// drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the ULP. It
+/// forgets the queue once the completion of the last of them arrived, or when a new queue on the CQ takes its
+/// QP number (a device reuses a number only for a new QP, and destroying a QP removes its completions from its
+/// CQs), so what it keeps is bounded by what can still arrive. Release callbacks run inside this call.
 /// `IBV_EVENT_COMM_EST`, `IBV_EVENT_SQ_DRAINED`, `IBV_EVENT_PATH_MIG`, `IBV_EVENT_QP_LAST_WQE_REACHED`:
 /// nothing to do.
 ///
