@@ -135,7 +135,7 @@ struct sqd_cq_stats {
 };
 
 /**
- * One queue of a plan for `sqd_cq_depth_for` (`struct sqd_queue_plan`).
+ * One queue of a plan for `sqd_cq_depth_for` and `sqd_cq_depth_for_srqs` (`struct sqd_queue_plan`).
  */
 struct sqd_queue_plan {
     /**
@@ -143,7 +143,8 @@ struct sqd_queue_plan {
      */
     uint32_t sq_depth;
     /**
-     * The queue's rq_depth, if its receives complete on the CQ; else 0.
+     * The queue's rq_depth, if its receives complete on the CQ; else 0 (also for a queue that receives
+     * through an SRQ: `sqd_cq_depth_for_srqs` counts the SRQ).
      */
     uint32_t rq_depth;
 };
@@ -535,13 +536,33 @@ int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
 /**
  * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
  * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
- * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`.
+ * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when
+ * queues receive through managed SRQs on the CQ, use `sqd_cq_depth_for_srqs`.
  *
- * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`).
+ * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`),
+ * `-EOVERFLOW` (the depth does not fit in 64 bits).
  */
 int32_t sqd_cq_depth_for(const struct sqd_queue_plan *plans,
                          size_t n,
                          uint64_t *out);
+
+/**
+ * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach when some of them
+ * receive through managed SRQs (`sqd_srq_new`): what `sqd_cq_depth_for` returns for `plans`, plus each of the
+ * `n_srqs` depths of `srq_depths` once. List there, once each, the `depth` (of its `struct sqd_srq_attr`) of
+ * every SRQ that a queue on this CQ receives through with the CQ as its receive CQ: `sqd_queue_new` reserves
+ * that depth on the CQ once, for the first of its queues there, however many follow. Plan each such queue
+ * with `rq_depth` 0, as its `struct sqd_queue_attr` has, and its `sq_depth` if its sends complete on the CQ.
+ * The plans are the same `struct sqd_queue_plan` array that `sqd_cq_depth_for` takes.
+ *
+ * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`, NULL
+ * `srq_depths` with `n_srqs > 0`), `-EOVERFLOW` (the depth does not fit in 64 bits).
+ */
+int32_t sqd_cq_depth_for_srqs(const struct sqd_queue_plan *plans,
+                              size_t n,
+                              const uint32_t *srq_depths,
+                              size_t n_srqs,
+                              uint64_t *out);
 
 /**
  * The message of the calling thread's most recent failed `sqd_*` call, as a NUL-terminated string.
