@@ -723,9 +723,10 @@ int32_t sqd_queue_track_mr(struct sqd_queue *q, const struct ibv_mr *mr);
 int32_t sqd_queue_untrack_mr(struct sqd_queue *q, const struct ibv_mr *mr);
 
 /**
- * Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
- * WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
- * once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+ * Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: when `mr` is tracked
+ * (`sqd_queue_track_mr`), right after the release of the newest WR whose SGEs use it or of the last WR
+ * accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
+ * if that is already so. "Buffer may be reused" hooks for one MR build on it.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
  */

@@ -455,9 +455,9 @@ impl Queue {
         Ok(())
     }
 
-    /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: after the release of
-    /// the newest WR that uses it when it is tracked, else after every WR accepted so far (at once if that is
-    /// already so).
+    /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: when it is tracked,
+    /// after the release of the newest WR that uses it or of the last WR accepted before it was tracked,
+    /// whichever was accepted later; else after every WR accepted so far (at once if that is already so).
     pub fn defer_mr(&self, lkey: u32, action: Deferred) {
         self.shared.defer_action(Some(lkey), Action::User(action));
     }

@@ -347,9 +347,10 @@ pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 
     })
 }
 
-/// Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
-/// WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
-/// once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+/// Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: when `mr` is tracked
+/// (`sqd_queue_track_mr`), right after the release of the newest WR whose SGEs use it or of the last WR
+/// accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
+/// if that is already so. "Buffer may be reused" hooks for one MR build on it.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
 #[no_mangle]
