@@ -124,7 +124,8 @@ struct sqd_cq_stats {
      */
     uint64_t passthrough;
     /**
-     * CQEs of a managed QP that match no outstanding WR: dropped and counted (a provider or ULP bug).
+     * CQEs of a managed QP that match no outstanding WR: dropped and counted. A provider or ULP bug, or a
+     * completion that arrived for a queue freed after an asynchronous event released its WRs.
      */
     uint64_t stray;
     /**
@@ -134,7 +135,7 @@ struct sqd_cq_stats {
 };
 
 /**
- * One queue of a plan for `sqd_cq_depth_for` (`struct sqd_queue_plan`).
+ * One queue of a plan for `sqd_cq_depth_for` and `sqd_cq_depth_for_srqs` (`struct sqd_queue_plan`).
  */
 struct sqd_queue_plan {
     /**
@@ -142,7 +143,8 @@ struct sqd_queue_plan {
      */
     uint32_t sq_depth;
     /**
-     * The queue's rq_depth, if its receives complete on the CQ; else 0.
+     * The queue's rq_depth, if its receives complete on the CQ; else 0 (also for a queue that receives
+     * through an SRQ: `sqd_cq_depth_for_srqs` counts the SRQ).
      */
     uint32_t rq_depth;
 };
@@ -347,7 +349,8 @@ struct sqd_queue_stats {
      */
     uint32_t closed;
     /**
-     * MRs tracked precisely (`sqd_queue_track_mr`).
+     * MRs tracked precisely now (`sqd_queue_track_mr`); one handed to `sqd_defer_dereg_mr` counts until its
+     * deregistration has run.
      */
     uint32_t tracked_mrs;
     /**
@@ -535,13 +538,33 @@ int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
 /**
  * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
  * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
- * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`.
+ * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when
+ * queues receive through managed SRQs on the CQ, use `sqd_cq_depth_for_srqs`.
  *
- * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`).
+ * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`),
+ * `-EOVERFLOW` (the depth does not fit in 64 bits).
  */
 int32_t sqd_cq_depth_for(const struct sqd_queue_plan *plans,
                          size_t n,
                          uint64_t *out);
+
+/**
+ * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach when some of them
+ * receive through managed SRQs (`sqd_srq_new`): what `sqd_cq_depth_for` returns for `plans`, plus each of the
+ * `n_srqs` depths of `srq_depths` once. List there, once each, the `depth` (of its `struct sqd_srq_attr`) of
+ * every SRQ that a queue on this CQ receives through with the CQ as its receive CQ: `sqd_queue_new` reserves
+ * that depth on the CQ once, for the first of its queues there, however many follow. Plan each such queue
+ * with `rq_depth` 0, as its `struct sqd_queue_attr` has, and its `sq_depth` if its sends complete on the CQ.
+ * The plans are the same `struct sqd_queue_plan` array that `sqd_cq_depth_for` takes.
+ *
+ * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`, NULL
+ * `srq_depths` with `n_srqs > 0`), `-EOVERFLOW` (the depth does not fit in 64 bits).
+ */
+int32_t sqd_cq_depth_for_srqs(const struct sqd_queue_plan *plans,
+                              size_t n,
+                              const uint32_t *srq_depths,
+                              size_t n_srqs,
+                              uint64_t *out);
 
 /**
  * The message of the calling thread's most recent failed `sqd_*` call, as a NUL-terminated string.
@@ -690,8 +713,11 @@ int32_t sqd_invalidate(struct sqd_queue *q,
 /**
  * Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
  * name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
- * of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
- * tear down while traffic continues, not every MR.
+ * of every WR accepted so far. The WRs accepted before this call were not looked at: until each of them is
+ * released it counts as a use, so tracking an MR that WRs in flight read never lets it go early. Costs a scan
+ * of the tracked MRs for each SGE posted: track the few MRs you tear down while traffic continues, not every
+ * MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
+ * on this queue has run.
  *
  * Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
  */
@@ -703,9 +729,10 @@ int32_t sqd_queue_track_mr(struct sqd_queue *q, const struct ibv_mr *mr);
 int32_t sqd_queue_untrack_mr(struct sqd_queue *q, const struct ibv_mr *mr);
 
 /**
- * Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
- * WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
- * once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+ * Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: when `mr` is tracked
+ * (`sqd_queue_track_mr`), right after the release of the newest WR whose SGEs use it or of the last WR
+ * accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
+ * if that is already so. "Buffer may be reused" hooks for one MR build on it.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
  */
@@ -714,8 +741,10 @@ int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn 
 /**
  * Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
  * queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
- * use or deregister it yourself afterwards. A failed deregistration counts in
- * `sqd_queue_stats.teardown_failures`.
+ * use or deregister it yourself afterwards. If `mr` is tracked on this queue (`sqd_queue_track_mr`), the queue
+ * untracks it when the deregistration has run (`sqd_queue_stats.tracked_mrs` drops; a later MR with the same
+ * lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
+ * deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
  *
  * Returns 0, or `-EINVAL` (NULL argument).
  */
@@ -739,9 +768,12 @@ int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
  * HCA no longer executes its WRs, and its CQ may deliver no flush completion at all: the queue fails and
  * releases at once, in post order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
  * backlogged WR as never posted; completions that still arrive for them are swallowed (counted in
- * `late_cqes`), also after `sqd_queue_free`: the CQ remembers the QP numbers of the last 64 queues freed this
- * way and drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the
- * ULP (a number is forgotten when a new queue on the CQ takes it). Release callbacks run inside this call.
+ * `late_cqes`), also after `sqd_queue_free`, however many queues were freed this way: each CQ remembers, per
+ * freed queue, the WQEs and receives the provider held at the event and no completion has covered since, and
+ * drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the ULP. It
+ * forgets the queue once the completion of the last of them arrived, or when a new queue on the CQ takes its
+ * QP number (a device reuses a number only for a new QP, and destroying a QP removes its completions from its
+ * CQs), so what it keeps is bounded by what can still arrive. Release callbacks run inside this call.
  * `IBV_EVENT_COMM_EST`, `IBV_EVENT_SQ_DRAINED`, `IBV_EVENT_PATH_MIG`, `IBV_EVENT_QP_LAST_WQE_REACHED`:
  * nothing to do.
  *

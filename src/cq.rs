@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::discipline::budget::CqBudget;
+use crate::discipline::late::RetiredQueue;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
 use crate::error::{Error, Result};
 use crate::discipline::srq::SRQ_TOKEN_BASE;
@@ -34,7 +35,8 @@ pub struct CqStats {
     pub hidden: u64,
     /// CQEs of QPs not managed on this CQ, returned unchanged.
     pub passthrough: u64,
-    /// CQEs of a managed QP that match no outstanding WR: dropped and counted (a provider or ULP bug).
+    /// CQEs of a managed QP that match no outstanding WR: dropped and counted. A provider or ULP bug, or a
+    /// completion that arrived for a queue freed after an asynchronous event released its WRs.
     pub stray: u64,
     /// Idle-tail markers posted by `sqd_cq_poll`.
     pub tail_markers: u64,
@@ -50,9 +52,6 @@ pub(crate) struct CqShared {
     pub(crate) lock: Option<Arc<CqLock>>,
 }
 
-/// How many freed, abandoned queues' QP numbers a CQ remembers (see `CqState::retired`).
-const MAX_RETIRED: usize = 64;
-
 /// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
 pub type CqLock = parking_lot::ReentrantMutex<()>;
 
@@ -65,9 +64,13 @@ struct CqState {
     watch: Vec<u32>,
     /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
     srqs: Vec<(u32, Rc<SrqShared>, u32)>,
-    /// QP numbers of queues freed after an async event released everything: completions may still arrive for
-    /// them, carrying the library's wr_ids, and are dropped rather than passed through. Newest last, bounded.
-    retired: Vec<u32>,
+    /// Freed queues whose WRs may still complete here (after an async event released them, or a Rust owner
+    /// dropped the queue early), by QP number: their completions carry the library's wr_ids and are dropped
+    /// rather than passed through. An entry goes when its last possible completion arrives, or when a new queue
+    /// here takes its QP number (a device reuses a number only once the old QP is destroyed, and destroying a
+    /// QP removes its completions from the CQ). So each entry stands for at least one WQE or receive that may
+    /// still complete: the memory is bounded by what can still arrive.
+    retired: HashMap<u32, RetiredQueue>,
     /// `capacity` and `tail_markers` (the data path's counters are in `CqShared::counts`).
     stats: CqStats,
 }
@@ -117,7 +120,7 @@ impl Cq {
                     by_qp: HashMap::new(),
                     watch: Vec::new(),
                     srqs: Vec::new(),
-                    retired: Vec::new(),
+                    retired: HashMap::new(),
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 counts: Counts::default(),
@@ -246,7 +249,7 @@ impl CqShared {
             st.table.push(None);
         }
         st.by_qp.insert(qp_num, index);
-        st.retired.retain(|&n| n != qp_num);
+        st.retired.remove(&qp_num);
         // A queue is watched at most once at a time: with room for every table entry, `watch` never grows
         // (allocates) on the data path.
         let entries = st.table.len();
@@ -289,13 +292,13 @@ impl CqShared {
         self.state.borrow_mut().table[index as usize] = Some(q);
     }
 
-    pub(crate) fn detach(&self, index: u32, qp_num: u32, need: u64, abandoned: bool) {
+    /// Detaches the queue at `index`. `late`: what of its WRs may still complete on this CQ (its token index
+    /// here and its windows; empty windows for a queue that had nothing in flight).
+    pub(crate) fn detach(&self, index: u32, qp_num: u32, need: u64, late: RetiredQueue) {
         let mut st = self.state.borrow_mut();
-        if abandoned {
-            if st.retired.len() == MAX_RETIRED {
-                st.retired.remove(0);
-            }
-            st.retired.push(qp_num);
+        if !late.is_done() {
+            debug_assert_eq!(late.index, index);
+            st.retired.insert(qp_num, late);
         }
         st.table[index as usize] = None;
         st.by_qp.remove(&qp_num);
@@ -391,14 +394,7 @@ impl CqShared {
                     CqeFate::Stray
                 }
             }
-            None => {
-                let st = self.state.borrow();
-                if st.by_qp.contains_key(&wc.qp_num) || st.retired.contains(&wc.qp_num) {
-                    CqeFate::Stray
-                } else {
-                    CqeFate::Passthrough
-                }
-            }
+            None => self.reap_unattached(token, wc.qp_num),
         };
         let n = &self.counts;
         bump(&n.cqes, 1);
@@ -409,6 +405,26 @@ impl CqShared {
             CqeFate::Visible(_) => {}
         }
         fate
+    }
+
+    /// A CQE for which no attached queue holds the token: a stray if its QP is managed here or was (a freed
+    /// queue's late completion, which narrows what may still arrive from it), else another QP's, passed through.
+    fn reap_unattached(&self, token: Token, qp_num: u32) -> CqeFate {
+        let mut st = self.state.borrow_mut();
+        if st.by_qp.contains_key(&qp_num) {
+            return CqeFate::Stray;
+        }
+        let Some(r) = st.retired.get_mut(&qp_num) else { return CqeFate::Passthrough };
+        r.on_cqe(token);
+        if r.is_done() {
+            st.retired.remove(&qp_num);
+            // Give back the room of a burst of freed queues once most of them are forgotten.
+            if st.retired.capacity() > 64 && st.retired.len() < st.retired.capacity() / 4 {
+                let keep = st.retired.len() * 2;
+                st.retired.shrink_to(keep);
+            }
+        }
+        CqeFate::Stray
     }
 
     /// A receive CQE of a managed SRQ registered here; `None` if no such SRQ (then it is treated as any CQE).
@@ -475,5 +491,105 @@ struct ResetOnDrop<'a>(&'a Cell<bool>);
 impl Drop for ResetOnDrop<'_> {
     fn drop(&mut self) {
         self.0.set(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{Queue, QueueConfig};
+    use crate::scripted::{ScriptedDevice, ScriptedQpCaps};
+    use crate::verbs::{QpHandle, SendChain};
+
+    /// Posts `n` unsignaled SENDs of 8 bytes each on `q`.
+    fn post_sends(q: &Queue, n: usize) {
+        let mut buf = [0u8; 8];
+        // SAFETY: all-zero is a valid `ibv_sge` and `ibv_send_wr`.
+        let mut sges: Vec<rdma_sys::ibv_sge> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        // SAFETY: as above.
+        let mut wrs: Vec<rdma_sys::ibv_send_wr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let (sge_base, wr_base) = (sges.as_mut_ptr(), wrs.as_mut_ptr());
+        for i in 0..n {
+            // SAFETY: `i < n` for both vectors, which outlive the post; no other reference into them is live.
+            unsafe {
+                let s = sge_base.add(i);
+                (*s).addr = buf.as_mut_ptr() as u64;
+                (*s).length = 8;
+                let w = wr_base.add(i);
+                (*w).wr_id = i as u64;
+                (*w).opcode = rdma_sys::ibv_wr_opcode::IBV_WR_SEND;
+                (*w).num_sge = 1;
+                (*w).sg_list = s;
+                (*w).next = if i + 1 < n { wr_base.add(i + 1) } else { std::ptr::null_mut() };
+            }
+        }
+        // SAFETY: the chain lives in `wrs` and `sges` for the call.
+        q.post_send(unsafe { SendChain::from_raw(wr_base) }).unwrap();
+    }
+
+    fn poll_all(cq: &Cq) -> usize {
+        // SAFETY: all-zero is a valid `ibv_wc`.
+        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let mut shown = 0;
+        loop {
+            let n = cq.poll(&mut wc).unwrap();
+            shown += n;
+            if n < wc.len() {
+                return shown;
+            }
+        }
+    }
+
+    #[test]
+    fn a_freed_queue_is_forgotten_once_its_last_late_completion_arrived() {
+        let dev = ScriptedDevice::new();
+        let raw = dev.create_cq(256).unwrap();
+        // SAFETY: the CQ lives as long as the device.
+        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
+        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 4, ..QueueConfig::default() };
+        let mut qps = Vec::new();
+        for executed in [0, 2, 4, 8] {
+            let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
+            // SAFETY: the QP lives as long as the device.
+            let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+            post_sends(&q, 8);
+            dev.complete(qp, executed).unwrap();
+            q.on_async_event(1).unwrap(); // IBV_EVENT_QP_FATAL
+            q.check_free().unwrap();
+            drop(q);
+            qps.push(qp);
+        }
+        let retired = |cq: &Cq| cq.shared.state.borrow().retired.len();
+        // All 8 WQEs executed (CQEs for WRs 3 and 7 still queued): the last may still complete.
+        assert_eq!(retired(&cq), 4);
+        assert_eq!(poll_all(&cq), 0);
+        // The signaled CQEs of the executed WQEs covered the fourth QP's every WQE, the third's first four.
+        assert_eq!(retired(&cq), 3);
+        for &qp in &qps {
+            dev.set_error(qp).unwrap();
+        }
+        assert_eq!(poll_all(&cq), 0);
+        assert_eq!(retired(&cq), 0, "every WQE completed: nothing more can arrive, nothing is kept");
+        let st = cq.stats();
+        assert_eq!((st.stray, st.passthrough, st.visible), (st.cqes, 0, 0), "{st:?}");
+    }
+
+    #[test]
+    fn late_completions_polled_before_the_free_leave_nothing_to_remember() {
+        let dev = ScriptedDevice::new();
+        let raw = dev.create_cq(64).unwrap();
+        // SAFETY: the CQ lives as long as the device.
+        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
+        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 4, ..QueueConfig::default() };
+        let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
+        // SAFETY: the QP lives as long as the device.
+        let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        post_sends(&q, 8);
+        q.on_async_event(1).unwrap();
+        dev.set_error(qp).unwrap();
+        assert_eq!(poll_all(&cq), 0);
+        assert_eq!(q.stats().late_cqes, 8);
+        drop(q);
+        assert_eq!(cq.shared.state.borrow().retired.len(), 0);
     }
 }

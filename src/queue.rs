@@ -7,6 +7,7 @@ use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_inline, check_shape, Limits};
+use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
@@ -69,14 +70,16 @@ enum Action {
     User(Deferred),
     /// Post the library operation with this id (a deferred LocalInv).
     PostOp(u32),
-    /// Deregister an MR or deallocate an MW.
-    Teardown(Teardown),
+    /// Deregister an MR or deallocate an MW; `untrack`: the lkey of the MR, tracked when it was handed over,
+    /// to stop tracking once it is gone (its key may then name a new MR).
+    Teardown { teardown: Teardown, untrack: Option<u32> },
 }
 
 /// An MR whose uses the queue tracks precisely (see `Queue::track_mr`).
 struct TrackedMr {
     lkey: u32,
-    /// `accepted` right after the newest WR whose SGEs use it (0: none yet).
+    /// `accepted` right after the newest WR whose SGEs may use it: every WR accepted before it was tracked may
+    /// (the queue did not look at their SGEs), so it starts at `accepted` as of `track_mr`.
     last_use: u64,
 }
 
@@ -152,7 +155,8 @@ pub struct QueueStats {
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
-    /// MRs tracked precisely (`sqd_queue_track_mr`).
+    /// MRs tracked precisely now (`sqd_queue_track_mr`); one handed to `sqd_defer_dereg_mr` counts until its
+    /// deregistration has run.
     pub tracked_mrs: u32,
     /// Deferred deregistrations or deallocations that failed.
     pub teardown_failures: u64,
@@ -348,7 +352,7 @@ impl Queue {
             Some(r) if !same_cq => match r.shared.attach(qp_num, recv_need, &format!("rq_depth {}", c.rq_depth)) {
                 Ok(i) => i,
                 Err(e) => {
-                    send_cq.shared.detach(send_index, qp_num, send_need, false);
+                    send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
                     return Err(e);
                 }
             },
@@ -356,9 +360,9 @@ impl Queue {
         };
         if let (Some(srq), Some(r)) = (srq, recv_cq) {
             if let Err(e) = r.shared.attach_srq(&srq.shared) {
-                send_cq.shared.detach(send_index, qp_num, send_need, false);
+                send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
                 if !same_cq {
-                    r.shared.detach(recv_index, qp_num, recv_need, false);
+                    r.shared.detach(recv_index, qp_num, recv_need, RetiredQueue::default());
                 }
                 return Err(e);
             }
@@ -430,13 +434,15 @@ impl Queue {
 
     /// Tracks the uses of the MR with `lkey` precisely: from now on the queue remembers the newest WR whose SGEs
     /// name it, so [`Queue::defer_mr`] and [`Queue::defer_teardown`] on it wait only for the WRs that use it
-    /// (instead of every WR accepted so far). Costs a scan of the tracked MRs per SGE at post.
+    /// (instead of every WR accepted so far). The WRs accepted before this call were not looked at: each of them
+    /// counts as a use. Costs a scan of the tracked MRs per SGE at post.
     pub fn track_mr(&self, lkey: u32) -> Result<()> {
         let mut st = self.shared.state.borrow_mut();
         if st.tracked.iter().any(|t| t.lkey == lkey) {
             return Err(Error::new(libc::EEXIST, format!("the MR with lkey {lkey:#x} is already tracked")));
         }
-        st.tracked.push(TrackedMr { lkey, last_use: 0 });
+        let last_use = st.send.accepted();
+        st.tracked.push(TrackedMr { lkey, last_use });
         Ok(())
     }
 
@@ -450,18 +456,21 @@ impl Queue {
         Ok(())
     }
 
-    /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: after the release of
-    /// the newest WR that uses it when it is tracked, else after every WR accepted so far (at once if that is
-    /// already so).
+    /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: when it is tracked,
+    /// after the release of the newest WR that uses it or of the last WR accepted before it was tracked,
+    /// whichever was accepted later; else after every WR accepted so far (at once if that is already so).
     pub fn defer_mr(&self, lkey: u32, action: Deferred) {
         self.shared.defer_action(Some(lkey), Action::User(action));
     }
 
     /// Deregisters an MR (or deallocates an MW) once no in-flight WR can reference it: as [`Queue::defer_mr`]
     /// with the MR's `lkey`, or after every WR accepted so far with `None` (memory windows, which WRs reference
-    /// by rkey at the peer). A failed deregistration is counted in `QueueStats::teardown_failures`.
+    /// by rkey at the peer). An MR tracked on this queue ([`Queue::track_mr`]) when it is handed over is
+    /// untracked when the deregistration runs, whether that succeeds or not. A failed deregistration is counted in
+    /// `QueueStats::teardown_failures`.
     pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) {
-        self.shared.defer_action(lkey, Action::Teardown(teardown));
+        let untrack = lkey.filter(|&k| self.shared.state.borrow().tracked.iter().any(|t| t.lkey == k));
+        self.shared.defer_action(lkey, Action::Teardown { teardown, untrack });
     }
 
     /// Invalidates `rkey` (a LocalInv of an MR or MW the ULP exposed to its peer) at the first moment it is safe:
@@ -538,11 +547,19 @@ impl Drop for Queue {
             r.detach_srq(srq.id);
             srq.queues.set(srq.queues.get() - 1);
         }
-        let abandoned = s.state.borrow().send.is_abandoned();
-        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need, abandoned);
+        // What may still complete (after an async event released everything, or when dropped early) is
+        // remembered by each CQ, so those completions are dropped there instead of reaching the ULP.
+        let (send, recv) = {
+            let st = s.state.borrow();
+            (st.send.unfinished(), st.recv.as_ref().map(|r| r.unfinished()).unwrap_or_default())
+        };
+        let same_cq = s.recv_cq.as_ref().is_some_and(|r| Rc::ptr_eq(r, &s.send_cq));
+        let send_late = RetiredQueue { index: s.send_index, send, recv: if same_cq { recv } else { Default::default() } };
+        s.send_cq.detach(s.send_index, s.qp.qp_num(), s.send_need, send_late);
         if let Some(r) = &s.recv_cq {
-            if !Rc::ptr_eq(r, &s.send_cq) {
-                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need, abandoned);
+            if !same_cq {
+                let recv_late = RetiredQueue { index: s.recv_index, send: Default::default(), recv };
+                r.detach(s.recv_index, s.qp.qp_num(), s.recv_need, recv_late);
             }
         }
     }
@@ -925,9 +942,14 @@ impl QueueShared {
                 Item::OpDone(done) => call(done.as_ref(), &c),
                 Item::Action(Action::User(d)) => d.run(),
                 Item::Action(Action::PostOp(id)) => self.post_op(id),
-                Item::Action(Action::Teardown(t)) => {
-                    if t.run() != 0 {
-                        self.state.borrow_mut().teardown_failures += 1;
+                Item::Action(Action::Teardown { teardown, untrack }) => {
+                    let failed = teardown.run() != 0;
+                    let mut st = self.state.borrow_mut();
+                    if failed {
+                        st.teardown_failures += 1;
+                    }
+                    if let Some(i) = untrack.and_then(|k| st.tracked.iter().position(|t| t.lkey == k)) {
+                        st.tracked.swap_remove(i);
                     }
                 }
                 Item::Idle => {

@@ -189,6 +189,53 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
 }
 
 #[test]
+fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
+    let rig = Rig::new(config(16, 2, 0), 64);
+    let ctx = rig.dev.context();
+    register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None });
+    // SAFETY: all-zero is a valid `ibv_mr`.
+    let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
+    mr.context = ctx;
+    mr.lkey = 200;
+    rig.q().track_mr(200).unwrap();
+    rig.q().track_mr(201).unwrap();
+    rig.post(&mut with_lkey(Chain::sends(0..2, 0), 1, 200)).unwrap();
+    // SAFETY: `mr` outlives the queue's use of it below.
+    rig.q().defer_teardown(Some(200), unsafe { Teardown::dereg_mr(&mut mr) });
+    assert_eq!(rig.q().stats().tracked_mrs, 2, "still tracked while the deregistration waits");
+    for _ in 0..3 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![200]);
+    assert_eq!(rig.q().stats().tracked_mrs, 1, "the deregistered MR is no longer tracked; the other one is");
+    // A new MR with the same key (devices reuse keys) can be tracked.
+    rig.q().track_mr(200).unwrap();
+    rig.q().untrack_mr(201).unwrap();
+    sqdisc::verbs::control::unregister_device(ctx);
+}
+
+#[test]
+fn an_mr_tracked_after_wrs_were_accepted_counts_them_as_uses() {
+    let rig = Rig::new(config(16, 2, 0), 64);
+    // WR 1 uses MR 100, but the queue only learns of the MR afterwards.
+    rig.post(&mut with_lkey(Chain::sends(0..3, 0), 1, 100)).unwrap();
+    rig.q().track_mr(100).unwrap();
+    let fired_after: Rc<RefCell<Vec<usize>>> = Rc::default();
+    let (f, log) = (fired_after.clone(), rig.log.clone());
+    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(log.borrow().len()))));
+    assert!(fired_after.borrow().is_empty(), "WRs accepted before the tracking may use the MR");
+    // WRs accepted after the tracking that do not use it are not waited for.
+    rig.post(&mut Chain::sends(3..6, 0)).unwrap();
+    for _ in 0..3 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(rig.log.borrow().len(), 6);
+    assert_eq!(*fired_after.borrow(), vec![3], "right after the last WR accepted before the tracking");
+}
+
+#[test]
 fn a_deferred_action_may_post_and_defer_again() {
     let rig = Rig::new(config(16, 4, 0), 64);
     let q = rig.queue.as_ref().unwrap() as *const sqdisc::Queue;

@@ -190,27 +190,54 @@ pub extern "C" fn sqd_cq_async_event(cq: *mut Cq, r#type: u32) -> i32 {
     })
 }
 
-/// One queue of a plan for `sqd_cq_depth_for` (`struct sqd_queue_plan`).
+/// One queue of a plan for `sqd_cq_depth_for` and `sqd_cq_depth_for_srqs` (`struct sqd_queue_plan`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct QueuePlan {
     /// The queue's sq_depth, if its sends complete on the CQ; else 0.
     pub sq_depth: u32,
-    /// The queue's rq_depth, if its receives complete on the CQ; else 0.
+    /// The queue's rq_depth, if its receives complete on the CQ; else 0 (also for a queue that receives
+    /// through an SRQ: `sqd_cq_depth_for_srqs` counts the SRQ).
     pub rq_depth: u32,
 }
 
 /// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
 /// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
-/// `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`.
+/// `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when
+/// queues receive through managed SRQs on the CQ, use `sqd_cq_depth_for_srqs`.
 ///
-/// Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`).
+/// Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`),
+/// `-EOVERFLOW` (the depth does not fit in 64 bits).
 #[no_mangle]
 pub extern "C" fn sqd_cq_depth_for(plans: *const QueuePlan, n: usize, out: *mut u64) -> i32 {
+    sqd_cq_depth_for_srqs(plans, n, std::ptr::null(), 0, out)
+}
+
+/// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach when some of them
+/// receive through managed SRQs (`sqd_srq_new`): what `sqd_cq_depth_for` returns for `plans`, plus each of the
+/// `n_srqs` depths of `srq_depths` once. List there, once each, the `depth` (of its `struct sqd_srq_attr`) of
+/// every SRQ that a queue on this CQ receives through with the CQ as its receive CQ: `sqd_queue_new` reserves
+/// that depth on the CQ once, for the first of its queues there, however many follow. Plan each such queue
+/// with `rq_depth` 0, as its `struct sqd_queue_attr` has, and its `sq_depth` if its sends complete on the CQ.
+/// The plans are the same `struct sqd_queue_plan` array that `sqd_cq_depth_for` takes.
+///
+/// Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`, NULL
+/// `srq_depths` with `n_srqs > 0`), `-EOVERFLOW` (the depth does not fit in 64 bits).
+#[no_mangle]
+pub extern "C" fn sqd_cq_depth_for_srqs(
+    plans: *const QueuePlan,
+    n: usize,
+    srq_depths: *const u32,
+    n_srqs: usize,
+    out: *mut u64,
+) -> i32 {
     ffi_boundary!({
         let out = try_mut!(out, "out");
         if n > 0 && plans.is_null() {
             return fail(&Error::invalid("plans is NULL"));
+        }
+        if n_srqs > 0 && srq_depths.is_null() {
+            return fail(&Error::invalid("srq_depths is NULL"));
         }
         let plans = if n == 0 {
             &[][..]
@@ -218,10 +245,22 @@ pub extern "C" fn sqd_cq_depth_for(plans: *const QueuePlan, n: usize, out: *mut 
             // SAFETY: the caller provides `n` readable plans.
             unsafe { std::slice::from_raw_parts(plans, n) }
         };
-        *out = plans
+        let srq_depths = if n_srqs == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller provides `n_srqs` readable depths.
+            unsafe { std::slice::from_raw_parts(srq_depths, n_srqs) }
+        };
+        let queues = plans
             .iter()
-            .map(|p| crate::discipline::budget::reservation(p.sq_depth, p.rq_depth, p.sq_depth > 0, p.rq_depth > 0))
-            .sum();
-        0
+            .map(|p| crate::discipline::budget::reservation(p.sq_depth, p.rq_depth, p.sq_depth > 0, p.rq_depth > 0));
+        let srqs = srq_depths.iter().map(|&d| u64::from(d));
+        match queues.chain(srqs).try_fold(0u64, u64::checked_add) {
+            Some(depth) => {
+                *out = depth;
+                0
+            }
+            None => fail(&Error::new(libc::EOVERFLOW, "the CQ depth of the plan does not fit in 64 bits")),
+        }
     })
 }

@@ -323,8 +323,11 @@ pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u3
 
 /// Tracks the uses of `mr` on this queue precisely: from now on the queue remembers the newest WR whose SGEs
 /// name `mr->lkey`, so `sqd_defer_mr` and `sqd_defer_dereg_mr` on it wait only for the WRs that use it instead
-/// of every WR accepted so far. Costs a scan of the tracked MRs for each SGE posted: track the few MRs you
-/// tear down while traffic continues, not every MR.
+/// of every WR accepted so far. The WRs accepted before this call were not looked at: until each of them is
+/// released it counts as a use, so tracking an MR that WRs in flight read never lets it go early. Costs a scan
+/// of the tracked MRs for each SGE posted: track the few MRs you tear down while traffic continues, not every
+/// MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
+/// on this queue has run.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
 #[no_mangle]
@@ -348,9 +351,10 @@ pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 
     })
 }
 
-/// Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: right after the release of the newest
-/// WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
-/// once if that is already so. "Buffer may be reused" hooks for one MR build on it.
+/// Runs `fn(ctx)` once no in-flight WR of the queue can reference `mr`: when `mr` is tracked
+/// (`sqd_queue_track_mr`), right after the release of the newest WR whose SGEs use it or of the last WR
+/// accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
+/// if that is already so. "Buffer may be reused" hooks for one MR build on it.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
 #[no_mangle]
@@ -368,8 +372,10 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
 
 /// Deregisters `mr` (`ibv_dereg_mr`, or the software HCA's equivalent for its MRs) once no in-flight WR of the
 /// queue can reference it, as `sqd_defer_mr` would run an action. Ownership of `mr` passes to the queue: do not
-/// use or deregister it yourself afterwards. A failed deregistration counts in
-/// `sqd_queue_stats.teardown_failures`.
+/// use or deregister it yourself afterwards. If `mr` is tracked on this queue (`sqd_queue_track_mr`), the queue
+/// untracks it when the deregistration has run (`sqd_queue_stats.tracked_mrs` drops; a later MR with the same
+/// lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
+/// deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
 ///
 /// Returns 0, or `-EINVAL` (NULL argument).
 #[no_mangle]
@@ -410,9 +416,12 @@ pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
 /// HCA no longer executes its WRs, and its CQ may deliver no flush completion at all: the queue fails and
 /// releases at once, in post order, every posted WR and receive with `IBV_WC_WR_FLUSH_ERR` and every
 /// backlogged WR as never posted; completions that still arrive for them are swallowed (counted in
-/// `late_cqes`), also after `sqd_queue_free`: the CQ remembers the QP numbers of the last 64 queues freed this
-/// way and drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the
-/// ULP (a number is forgotten when a new queue on the CQ takes it). Release callbacks run inside this call.
+/// `late_cqes`), also after `sqd_queue_free`, however many queues were freed this way: each CQ remembers, per
+/// freed queue, the WQEs and receives the provider held at the event and no completion has covered since, and
+/// drops their completions as strays (`sqd_cq_stats.stray`) instead of passing them through to the ULP. It
+/// forgets the queue once the completion of the last of them arrived, or when a new queue on the CQ takes its
+/// QP number (a device reuses a number only for a new QP, and destroying a QP removes its completions from its
+/// CQs), so what it keeps is bounded by what can still arrive. Release callbacks run inside this call.
 /// `IBV_EVENT_COMM_EST`, `IBV_EVENT_SQ_DRAINED`, `IBV_EVENT_PATH_MIG`, `IBV_EVENT_QP_LAST_WQE_REACHED`:
 /// nothing to do.
 ///

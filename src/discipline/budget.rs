@@ -18,9 +18,16 @@ pub fn reservation(sq_depth: u32, rq_depth: u32, sends_here: bool, recvs_here: b
     need
 }
 
-/// The CQ depth a set of queues needs: the sum of their reservations.
+/// The CQ depth a set of queues needs: the sum of their reservations. Counts no SRQ (see `cq_depth_for_srqs`).
 pub fn cq_depth_for(queues: &[(u32, u32)]) -> u64 {
     queues.iter().map(|&(sq, rq)| reservation(sq, rq, true, rq > 0)).sum()
+}
+
+/// The CQ depth a set of queues needs when some receive through SRQs: their reservations (a queue on an SRQ
+/// has `rq_depth` 0) plus the depth of each SRQ whose queues complete receives on the CQ, once per SRQ, as
+/// the first such queue reserves it (`CqShared::attach_srq`).
+pub fn cq_depth_for_srqs(queues: &[(u32, u32)], srq_depths: &[u32]) -> u64 {
+    cq_depth_for(queues) + srq_depths.iter().map(|&d| d as u64).sum::<u64>()
 }
 
 #[derive(Debug, Clone)]
@@ -124,5 +131,11 @@ mod tests {
     #[test]
     fn depth_for_a_plan() {
         assert_eq!(cq_depth_for(&[(128, 0), (64, 64)]), 129 + 129);
+    }
+
+    #[test]
+    fn depth_for_a_plan_with_srqs_counts_each_srq_once() {
+        assert_eq!(cq_depth_for_srqs(&[(16, 0), (16, 0), (16, 0), (8, 4)], &[64, 32]), 3 * 17 + 9 + 4 + 64 + 32);
+        assert_eq!(cq_depth_for_srqs(&[(16, 0)], &[]), cq_depth_for(&[(16, 0)]));
     }
 }

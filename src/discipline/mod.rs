@@ -4,11 +4,13 @@
 //! posted now (with which token and whether signaled), parked in the backlog, or refused; it retires slots when
 //! completions arrive and hands out releases in post order. [`RecvState`] does the same for receives.
 //! [`Backlog`] is the preallocated, bounded store for WRs that wait for credits, [`budget`] does the CQ
-//! arithmetic, and [`token`] packs a queue index, a direction and a sequence number into a 64-bit wr_id.
+//! arithmetic, [`token`] packs a queue index, a direction and a sequence number into a 64-bit wr_id, and
+//! [`late`] bounds the completions that may still arrive for WRs already released.
 
 pub mod backlog;
 pub mod budget;
 pub mod check;
+pub mod late;
 pub mod opcode;
 pub mod recv;
 pub mod ring;

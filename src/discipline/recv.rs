@@ -6,6 +6,7 @@
 use super::opcode::WC_RECV;
 use super::ring::{Slot, SlotRing};
 use super::send::Release;
+use super::late::LateWindow;
 use super::token::Token;
 
 #[derive(Debug)]
@@ -17,11 +18,13 @@ pub struct RecvState {
     pub stray_cqes: u64,
     pub late_cqes: u64,
     abandoned: bool,
+    /// Once abandoned: the receives the provider held then whose CQE has not arrived since.
+    late: LateWindow,
 }
 
 impl RecvState {
     pub fn new(depth: u32) -> RecvState {
-        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0, late_cqes: 0, abandoned: false }
+        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0, late_cqes: 0, abandoned: false, late: LateWindow::default() }
     }
     pub fn depth(&self) -> u32 {
         self.depth
@@ -58,12 +61,25 @@ impl RecvState {
     /// No CQE may ever come for the posted receives: complete them all with `IBV_WC_WR_FLUSH_ERR`; later CQEs
     /// are swallowed.
     pub fn abandon(&mut self) {
+        if !self.abandoned {
+            self.late = LateWindow::new(self.ring.done(), self.ring.head());
+        }
         self.abandoned = true;
         self.ring.complete_all(super::opcode::WC_WR_FLUSH_ERR);
     }
 
     pub fn is_abandoned(&self) -> bool {
         self.abandoned
+    }
+
+    /// The receives whose CQE may still arrive: those the provider holds, or once abandoned, those it held
+    /// then and whose CQE has not arrived since.
+    pub fn unfinished(&self) -> LateWindow {
+        if self.abandoned {
+            self.late
+        } else {
+            LateWindow::new(self.ring.done(), self.ring.head())
+        }
     }
 
     /// The provider refused the newest `n` receives.
@@ -79,6 +95,7 @@ impl RecvState {
         if seq != self.ring.done() || !self.ring.is_pending(seq) {
             if self.abandoned {
                 self.late_cqes += 1;
+                self.late.on_cqe(token);
             } else {
                 self.stray_cqes += 1;
             }

@@ -14,6 +14,7 @@ use super::backlog::Backlog;
 use super::opcode::{WC_SUCCESS, WC_WR_FLUSH_ERR};
 use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
+use super::late::LateWindow;
 use super::token::Token;
 
 /// What a backlog entry must tell the core about the WR it holds.
@@ -93,6 +94,8 @@ pub struct SendState<T> {
     failed: Option<u8>,
     draining: bool,
     abandoned: bool,
+    /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
+    late: LateWindow,
     pub counters: SendCounters,
 }
 
@@ -117,6 +120,7 @@ impl<T: Parked> SendState<T> {
             failed: None,
             draining: false,
             abandoned: false,
+            late: LateWindow::default(),
             counters: SendCounters::default(),
         }
     }
@@ -335,6 +339,7 @@ impl<T: Parked> SendState<T> {
         if !self.ring.is_pending(seq) {
             if self.abandoned {
                 self.counters.late_cqes += 1;
+                self.late.on_cqe(token);
                 return CqeOutcome::Late;
             }
             self.counters.stray_cqes += 1;
@@ -358,12 +363,25 @@ impl<T: Parked> SendState<T> {
     /// still arrive are swallowed.
     pub fn abandon(&mut self) {
         self.failed.get_or_insert(WC_WR_FLUSH_ERR);
+        if !self.abandoned {
+            self.late = LateWindow::new(self.ring.done(), self.ring.head());
+        }
         self.abandoned = true;
         self.ring.complete_all(WC_WR_FLUSH_ERR);
     }
 
     pub fn is_abandoned(&self) -> bool {
         self.abandoned
+    }
+
+    /// The WQEs whose CQE may still arrive: those the provider holds, or once abandoned, those it held then
+    /// and that no CQE has covered since.
+    pub fn unfinished(&self) -> LateWindow {
+        if self.abandoned {
+            self.late
+        } else {
+            LateWindow::new(self.ring.done(), self.ring.head())
+        }
     }
 
     /// Stops taking WRs; parked ones will be released as never posted.
