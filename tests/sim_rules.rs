@@ -865,3 +865,27 @@ fn a_failing_wqe_waits_for_the_earlier_ones_in_flight() {
     let wc = poll(r.p.a_cq, 8);
     assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_REM_ACCESS_ERR), (2, st::IBV_WC_WR_FLUSH_ERR)]);
 }
+
+/// An endless RNR stall with requests pipelined behind the stalled SEND and no loss: the SEND is RNR NAKed
+/// round after round (rnr_retry 7: forever), and the WRITE sent behind it in every round finds the responder
+/// still expecting the SEND. The RNR NAK already told the requester where to resume, so the responder drops
+/// the WRITE silently instead of answering it with a sequence-error NAK — which would spend a transport retry
+/// each time the NAK arrived after the RNR back-off, nothing reloading retry_cnt in a stall, and end the SEND
+/// in RETRY_EXC_ERR without a single lost packet. Once a receive is posted, both complete.
+#[test]
+fn an_rnr_stall_with_requests_pipelined_behind_spends_no_transport_retry() {
+    // One WQE per step, a short back-off and varying wire delays: the WRITE's packet often trails the SEND's
+    // by more than the back-off.
+    let c = SimConfig { tx_per_step: 1, wire_delay_min: 1, wire_delay_max: 3, rnr_delay: 1, ..SimConfig::default() };
+    let r = Rig::new(c, 16, 64);
+    post(r.p.a, &mut [r.send(1, SIGNALED, 0, 8), r.write(2, SIGNALED, 8, 8, 8)]);
+    r.p.dev.step(3000);
+    let s = r.p.dev.stats();
+    assert_eq!(poll(r.p.a_cq, 8).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![], "{s:?}");
+    assert!(s.rnr_naks > 500, "{s:?}");
+    assert_eq!((s.packets_lost, s.acks_lost, s.seq_naks, s.timeouts), (0, 0, 0, 0), "{s:?}");
+    r.recv(9, 0, 64);
+    let wc = poll_n(r.p.a_cq, 2, 100);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS), (2, st::IBV_WC_SUCCESS)]);
+    assert_eq!(r.dst.read(8, 8), vec![0xa5; 8]);
+}

@@ -370,6 +370,8 @@ struct QpModel {
     /// Coalesced ACK: the step it leaves and the PSN it carries.
     ack_due: Option<u64>,
     ack_psn: u64,
+    /// A NAK naming `epsn` was sent (a sequence error, or an RNR NAK of the request at `epsn`): the requester
+    /// knows where to resume, so later requests are dropped silently until `epsn` arrives again.
     nak_seq_sent: bool,
     /// Results of recent atomics by PSN, replayed for duplicates (IBA: atomics are not re-executed).
     atomic_replay: VecDeque<(u64, u64)>,
@@ -1791,7 +1793,11 @@ impl Model {
             return;
         }
         if psn > q.epsn {
-            // A request before this one was lost: one sequence-error NAK per gap, later packets dropped.
+            // A request before this one was lost: one sequence-error NAK per gap, later packets dropped. After
+            // an RNR NAK of the request at `epsn`, the requests pipelined behind it are dropped silently too: the
+            // requester resumes from the RNR NAKed one after its back-off anyway, and a sequence-error NAK would
+            // spend one of its transport retries for no loss at all (in an endless RNR stall, with nothing to
+            // reload retry_cnt, enough of them would end the stalled WQE in RETRY_EXC_ERR though rnr_retry is 7).
             if !q.nak_seq_sent {
                 q.nak_seq_sent = true;
                 self.stats.seq_naks += 1;
@@ -1823,6 +1829,7 @@ impl Model {
             }
             Outcome::Rnr => {
                 self.stats.rnr_naks += 1;
+                q.nak_seq_sent = true;
                 q.ack_due = None;
                 self.respond(q, src, psn, Response::RnrNak);
             }
