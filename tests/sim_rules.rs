@@ -889,3 +889,19 @@ fn an_rnr_stall_with_requests_pipelined_behind_spends_no_transport_retry() {
     assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS), (2, st::IBV_WC_SUCCESS)]);
     assert_eq!(r.dst.read(8, 8), vec![0xa5; 8]);
 }
+
+/// A QP made through `Scriptable::create_qp` talks to an internal sink; the sink too answers a duplicate atomic
+/// (its response lost) from its replay record, so the retransmission completes the atomic.
+#[test]
+fn a_scripted_sinks_duplicate_atomic_is_answered_from_its_replay_record() {
+    let dev = SimDevice::new(&cfg()).unwrap();
+    let s: &dyn Scriptable = &*dev;
+    let cq = s.create_cq(16).unwrap();
+    let qp = s.create_qp(cq, cq, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
+    dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, qp) }).unwrap();
+    post(qp, &mut [wr(1, op::IBV_WR_ATOMIC_FETCH_AND_ADD, SIGNALED, &[(0x1000, 8, 7)]).atomic(0x2000, 9, 1, 0)]);
+    let wc = poll_n(cq, 1, 2000);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS)]);
+    let st_ = dev.stats();
+    assert_eq!((st_.acks_lost, st_.timeouts, st_.duplicates), (1, 1, 1), "{st_:?}");
+}

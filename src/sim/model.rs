@@ -1822,6 +1822,13 @@ impl Model {
                 }
             }
             Outcome::Respond(resp) => {
+                if let Response::AtomicData(v) = resp {
+                    // Kept for a duplicate of this atomic (its response lost): answered, never executed again.
+                    q.atomic_replay.push_back((psn, v));
+                    if q.atomic_replay.len() > MAX_RD_ATOMIC as usize {
+                        q.atomic_replay.pop_front();
+                    }
+                }
                 q.epsn += 1;
                 q.ack_psn = psn;
                 q.ack_due = None; // the response acknowledges every earlier request
@@ -1958,10 +1965,6 @@ impl Model {
                 };
                 // SAFETY: as above.
                 unsafe { p.write(new) };
-                q.atomic_replay.push_back((q.epsn, old));
-                if q.atomic_replay.len() > MAX_RD_ATOMIC as usize {
-                    q.atomic_replay.pop_front();
-                }
                 Outcome::Respond(Response::AtomicData(old))
             }
             _ => Outcome::Nak(ibv_wc_status::IBV_WC_REM_INV_REQ_ERR),
