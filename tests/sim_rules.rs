@@ -905,3 +905,20 @@ fn a_scripted_sinks_duplicate_atomic_is_answered_from_its_replay_record() {
     let st_ = dev.stats();
     assert_eq!((st_.acks_lost, st_.timeouts, st_.duplicates), (1, 1, 1), "{st_:?}");
 }
+
+/// A fatal NAK beyond a READ whose response was lost: an implicit NAK of the READ, and nothing else. The
+/// responder, in error after the NAK, answers the resent READ with nothing, so the READ ends in RETRY_EXC_ERR
+/// and the WRITE the NAK named flushes behind it.
+#[test]
+fn a_fatal_nak_beyond_a_lost_read_response_is_an_implicit_nak_of_the_read() {
+    let conn = SimConnAttr { retry_cnt: 2, ..SimConnAttr::default() };
+    let r = Rig::with_conn(cfg(), 16, 32, conn);
+    let local = Buf::new(8, 0);
+    let lk = mr_keys(r.p.reg(&local)).0;
+    r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.a) }).unwrap();
+    post(r.p.a, &mut [wr(1, op::IBV_WR_RDMA_READ, SIGNALED, &[(local.addr(), 8, lk)]).rdma(r.dst.addr(), r.dst_key), r.write(2, SIGNALED, 0, 8, 0).rdma(r.dst.addr(), 0xdead)]);
+    let wc = poll_n(r.p.a_cq, 2, 500);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_RETRY_EXC_ERR), (2, st::IBV_WC_WR_FLUSH_ERR)]);
+    assert!(r.p.dev.qp_in_error(r.p.b).unwrap(), "the responder went to error with its NAK");
+    assert_eq!(r.p.dev.stats().timeouts, 3);
+}
