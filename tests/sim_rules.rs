@@ -775,3 +775,150 @@ fn lost_rnr_naks_of_an_endless_rnr_stall_exhaust_retry_cnt_and_the_peer_follows(
     let s = r.p.dev.stats();
     assert_eq!((s.timeouts - before.timeouts, s.acks_lost, s.packets_lost), (3, 3, 0), "no packet of A's was lost: {s:?}");
 }
+
+// ---- completion order: successes, then at most one error, then flushes -----------------------------------
+
+/// A signaled FETCH_AND_ADD whose response is lost, three signaled WRITEs behind it whose coalesced ACK
+/// arrives, then a WQE that fails at its transmission. The ACK beyond the atomic tells the requester the
+/// atomic's response was lost: it resends from the atomic (the WRITEs with it), and the responder answers the
+/// duplicate atomic from its replay record without executing it again. The failing WQE stops the requester;
+/// its error is reported once every earlier WQE has completed, in order. No flush before a success, no
+/// error after a flush.
+#[test]
+fn a_lost_atomic_response_is_recovered_before_a_later_wqe_fails() {
+    let r = Rig::new(cfg(), 16, 32);
+    let local = Buf::new(8, 0);
+    let lk = mr_keys(r.p.reg(&local)).0;
+    r.dst.write(0, &40u64.to_ne_bytes());
+    // The first response to A — the atomic's — is lost.
+    r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.a) }).unwrap();
+    post(
+        r.p.a,
+        &mut [
+            wr(1, op::IBV_WR_ATOMIC_FETCH_AND_ADD, SIGNALED, &[(local.addr(), 8, lk)]).atomic(r.dst.addr(), r.dst_key, 2, 0),
+            r.write(2, SIGNALED, 0, 8, 64),
+            r.write(3, SIGNALED, 8, 8, 72),
+            r.write(4, SIGNALED, 16, 8, 80),
+        ],
+    );
+    // Step 1: all four sent; step 2: executed, the atomic's response lost; step 4: the coalesced ACK of the
+    // WRITEs leaves; it arrives at step 5, when the next WQE is transmitted too — and fails.
+    r.p.dev.step(4);
+    assert_eq!(r.p.dev.stats().acks_lost, 1);
+    assert!(poll(r.p.a_cq, 8).is_empty());
+    r.p.dev.inject(&SimFault { status: st::IBV_WC_LOC_QP_OP_ERR, ..SimFault::new(SQD_SIM_FAULT_FAIL_NEXT, r.p.a) }).unwrap();
+    post1(r.p.a, r.write(5, SIGNALED, 24, 8, 88));
+    r.p.dev.run_until_idle(500).unwrap();
+    post1(r.p.a, r.write(6, 0, 32, 8, 96));
+    let wc = poll(r.p.a_cq, 16);
+    let got: Vec<(u64, u32)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, st::IBV_WC_SUCCESS),
+            (2, st::IBV_WC_SUCCESS),
+            (3, st::IBV_WC_SUCCESS),
+            (4, st::IBV_WC_SUCCESS),
+            (5, st::IBV_WC_LOC_QP_OP_ERR),
+            (6, st::IBV_WC_WR_FLUSH_ERR)
+        ]
+    );
+    assert_eq!((wc[0].opcode, wc[0].byte_len), (ibv_wc_opcode::IBV_WC_FETCH_ADD, 8));
+    assert_eq!(local.read(0, 8), 40u64.to_ne_bytes(), "the replayed result of the one execution");
+    assert_eq!(r.dst.read(0, 8), 42u64.to_ne_bytes(), "the atomic executed once");
+    assert_eq!(r.dst.read(64, 24), vec![0xa5; 24]);
+    assert!(r.p.dev.stats().duplicates >= 1);
+    assert!(r.p.dev.qp_in_error(r.p.a).unwrap());
+}
+
+/// A WQE that fails at its transmission while earlier ones are still in flight: the requester stops there,
+/// the earlier ones complete first — successfully, and the failure is then the one error; or one of them
+/// fails too, and then that earlier one is the error and the later failure a flush.
+#[test]
+fn a_failing_wqe_waits_for_the_earlier_ones_in_flight() {
+    let fail_next = |r: &Rig| r.p.dev.inject(&SimFault { status: st::IBV_WC_LOC_QP_OP_ERR, ..SimFault::new(SQD_SIM_FAULT_FAIL_NEXT, r.p.a) }).unwrap();
+    // The earlier WRITE succeeds (its ACK is even lost once: the timeout resends it).
+    let r = Rig::new(cfg(), 16, 32);
+    r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.a) }).unwrap();
+    post1(r.p.a, r.write(1, SIGNALED, 0, 8, 0));
+    r.p.dev.step(1);
+    fail_next(&r);
+    post1(r.p.a, r.write(2, SIGNALED, 8, 8, 8));
+    post1(r.p.a, r.write(3, SIGNALED, 16, 8, 16));
+    r.p.dev.step(2);
+    assert!(!r.p.dev.qp_in_error(r.p.a).unwrap(), "the failure waits for WRITE 1's ACK");
+    assert!(r.p.dev.wqe_finished(r.p.a, 1).unwrap(), "the failed WQE is finished: never to be sent");
+    assert_eq!(r.p.dev.stats().packets, 1, "nothing at or after the failure is sent");
+    r.p.dev.run_until_idle(500).unwrap();
+    let wc = poll(r.p.a_cq, 8);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS), (2, st::IBV_WC_LOC_QP_OP_ERR), (3, st::IBV_WC_WR_FLUSH_ERR)]);
+    assert_eq!(r.p.dev.stats().timeouts, 1);
+    assert_eq!(r.dst.read(8, 16), vec![0; 16], "WRITEs 2 and 3 never left");
+
+    // The earlier WRITE fails at the responder (bad rkey) after the later WQE failed locally.
+    let r = Rig::new(cfg(), 16, 32);
+    post1(r.p.a, r.write(1, SIGNALED, 0, 8, 0).rdma(r.dst.addr(), 0xdead));
+    r.p.dev.step(1);
+    fail_next(&r);
+    post1(r.p.a, r.write(2, SIGNALED, 8, 8, 8));
+    r.p.dev.run_until_idle(500).unwrap();
+    let wc = poll(r.p.a_cq, 8);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_REM_ACCESS_ERR), (2, st::IBV_WC_WR_FLUSH_ERR)]);
+}
+
+/// An endless RNR stall with requests pipelined behind the stalled SEND and no loss: the SEND is RNR NAKed
+/// round after round (rnr_retry 7: forever), and the WRITE sent behind it in every round finds the responder
+/// still expecting the SEND. The RNR NAK already told the requester where to resume, so the responder drops
+/// the WRITE silently instead of answering it with a sequence-error NAK — which would spend a transport retry
+/// each time the NAK arrived after the RNR back-off, nothing reloading retry_cnt in a stall, and end the SEND
+/// in RETRY_EXC_ERR without a single lost packet. Once a receive is posted, both complete.
+#[test]
+fn an_rnr_stall_with_requests_pipelined_behind_spends_no_transport_retry() {
+    // One WQE per step, a short back-off and varying wire delays: the WRITE's packet often trails the SEND's
+    // by more than the back-off.
+    let c = SimConfig { tx_per_step: 1, wire_delay_min: 1, wire_delay_max: 3, rnr_delay: 1, ..SimConfig::default() };
+    let r = Rig::new(c, 16, 64);
+    post(r.p.a, &mut [r.send(1, SIGNALED, 0, 8), r.write(2, SIGNALED, 8, 8, 8)]);
+    r.p.dev.step(3000);
+    let s = r.p.dev.stats();
+    assert_eq!(poll(r.p.a_cq, 8).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![], "{s:?}");
+    assert!(s.rnr_naks > 500, "{s:?}");
+    assert_eq!((s.packets_lost, s.acks_lost, s.seq_naks, s.timeouts), (0, 0, 0, 0), "{s:?}");
+    r.recv(9, 0, 64);
+    let wc = poll_n(r.p.a_cq, 2, 100);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS), (2, st::IBV_WC_SUCCESS)]);
+    assert_eq!(r.dst.read(8, 8), vec![0xa5; 8]);
+}
+
+/// A QP made through `Scriptable::create_qp` talks to an internal sink; the sink too answers a duplicate atomic
+/// (its response lost) from its replay record, so the retransmission completes the atomic.
+#[test]
+fn a_scripted_sinks_duplicate_atomic_is_answered_from_its_replay_record() {
+    let dev = SimDevice::new(&cfg()).unwrap();
+    let s: &dyn Scriptable = &*dev;
+    let cq = s.create_cq(16).unwrap();
+    let qp = s.create_qp(cq, cq, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
+    dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, qp) }).unwrap();
+    post(qp, &mut [wr(1, op::IBV_WR_ATOMIC_FETCH_AND_ADD, SIGNALED, &[(0x1000, 8, 7)]).atomic(0x2000, 9, 1, 0)]);
+    let wc = poll_n(cq, 1, 2000);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_SUCCESS)]);
+    let st_ = dev.stats();
+    assert_eq!((st_.acks_lost, st_.timeouts, st_.duplicates), (1, 1, 1), "{st_:?}");
+}
+
+/// A fatal NAK beyond a READ whose response was lost: an implicit NAK of the READ, and nothing else. The
+/// responder, in error after the NAK, answers the resent READ with nothing, so the READ ends in RETRY_EXC_ERR
+/// and the WRITE the NAK named flushes behind it.
+#[test]
+fn a_fatal_nak_beyond_a_lost_read_response_is_an_implicit_nak_of_the_read() {
+    let conn = SimConnAttr { retry_cnt: 2, ..SimConnAttr::default() };
+    let r = Rig::with_conn(cfg(), 16, 32, conn);
+    let local = Buf::new(8, 0);
+    let lk = mr_keys(r.p.reg(&local)).0;
+    r.p.dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, r.p.a) }).unwrap();
+    post(r.p.a, &mut [wr(1, op::IBV_WR_RDMA_READ, SIGNALED, &[(local.addr(), 8, lk)]).rdma(r.dst.addr(), r.dst_key), r.write(2, SIGNALED, 0, 8, 0).rdma(r.dst.addr(), 0xdead)]);
+    let wc = poll_n(r.p.a_cq, 2, 500);
+    assert_eq!(wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(1, st::IBV_WC_RETRY_EXC_ERR), (2, st::IBV_WC_WR_FLUSH_ERR)]);
+    assert!(r.p.dev.qp_in_error(r.p.b).unwrap(), "the responder went to error with its NAK");
+    assert_eq!(r.p.dev.stats().timeouts, 3);
+}

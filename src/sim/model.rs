@@ -356,8 +356,6 @@ struct QpModel {
     last_progress: u64,
     rnr_wait_until: u64,
     fail_next: Option<(u32, u32)>,
-    /// In the error state: the WQE whose error put the QP there (None after `set_error` or a fatal fault).
-    err_index: Option<u64>,
     lose_requests: u32,
     lose_acks: u32,
     remote_access_next: bool,
@@ -372,6 +370,8 @@ struct QpModel {
     /// Coalesced ACK: the step it leaves and the PSN it carries.
     ack_due: Option<u64>,
     ack_psn: u64,
+    /// A NAK naming `epsn` was sent (a sequence error, or an RNR NAK of the request at `epsn`): the requester
+    /// knows where to resume, so later requests are dropped silently until `epsn` arrives again.
     nak_seq_sent: bool,
     /// Results of recent atomics by PSN, replayed for duplicates (IBA: atomics are not re-executed).
     atomic_replay: VecDeque<(u64, u64)>,
@@ -704,21 +704,21 @@ impl Model {
         }
     }
 
-    /// Completes send WQEs in SQ order as far as they are done (all of them, flushing, in the error state).
+    /// Completes send WQEs in SQ order as far as they are done. The first one that failed is the QP's one error
+    /// CQE: the QP goes to error with it. In the error state every WQE not completed yet flushes — even one
+    /// already acknowledged behind an unfinished one, or a LocalInv that already executed — so a send queue's
+    /// CQEs are always successes, then at most one error, then flushes (an RC requester completes in order,
+    /// and once a WQE completed in error every later one completes with a flush).
     fn complete_ready(&mut self, q: &mut QpModel) {
         while q.next_complete < q.posted {
             let index = q.next_complete;
             let in_error = q.state == QpState::Err;
             let qpn = q.qpn;
-            let err_index = q.err_index;
             let w = q.wqe_mut(index);
             if !w.done && !in_error {
                 break;
             }
-            // In the error state, every WQE not completed yet flushes — even a LocalInv that already executed —
-            // except those before the failing WQE that were already acknowledged, and the failing one itself.
-            let keep = w.done && err_index.is_some_and(|e| index <= e);
-            if in_error && !keep {
+            if in_error {
                 w.done = true;
                 w.status = FLUSH;
             }
@@ -751,20 +751,24 @@ impl Model {
             if signaled || status != SUCCESS {
                 self.push_cqe(q, true, wc, Origin::Send(index), false);
             }
+            if !in_error && status != SUCCESS {
+                self.enter_error(q); // flushes the rest
+                return;
+            }
         }
     }
 
-    /// The WQE fails with `status`: the QP goes to error, earlier unfinished WQEs and later ones flush.
+    /// The WQE fails with `status`. The requester stops there (nothing at or after it is sent again); the
+    /// earlier WQEs still in flight go on, are retransmitted as needed and complete first. Once they all have,
+    /// this WQE completes with its error and the QP goes to error; if one of them fails first, that one is
+    /// the error and this one flushes.
     fn fail_wqe(&mut self, q: &mut QpModel, index: u64, status: u32, vendor_err: u32) {
         let w = q.wqe_mut(index);
         w.done = true;
         w.status = status;
         w.vendor_err = vendor_err;
         w.image = None;
-        if q.state != QpState::Err {
-            q.err_index = Some(index);
-        }
-        self.enter_error(q);
+        self.complete_ready(q);
     }
 
     /// Whether a receive is available to `q` now: in its own RQ, or in its SRQ (not in error).
@@ -1348,7 +1352,6 @@ impl Model {
             last_progress: self.now,
             rnr_wait_until: 0,
             fail_next: None,
-            err_index: None,
             lose_requests: 0,
             lose_acks: 0,
             remote_access_next: false,
@@ -1790,7 +1793,11 @@ impl Model {
             return;
         }
         if psn > q.epsn {
-            // A request before this one was lost: one sequence-error NAK per gap, later packets dropped.
+            // A request before this one was lost: one sequence-error NAK per gap, later packets dropped. After
+            // an RNR NAK of the request at `epsn`, the requests pipelined behind it are dropped silently too: the
+            // requester resumes from the RNR NAKed one after its back-off anyway, and a sequence-error NAK would
+            // spend one of its transport retries for no loss at all (in an endless RNR stall, with nothing to
+            // reload retry_cnt, enough of them would end the stalled WQE in RETRY_EXC_ERR though rnr_retry is 7).
             if !q.nak_seq_sent {
                 q.nak_seq_sent = true;
                 self.stats.seq_naks += 1;
@@ -1815,6 +1822,13 @@ impl Model {
                 }
             }
             Outcome::Respond(resp) => {
+                if let Response::AtomicData(v) = resp {
+                    // Kept for a duplicate of this atomic (its response lost): answered, never executed again.
+                    q.atomic_replay.push_back((psn, v));
+                    if q.atomic_replay.len() > MAX_RD_ATOMIC as usize {
+                        q.atomic_replay.pop_front();
+                    }
+                }
                 q.epsn += 1;
                 q.ack_psn = psn;
                 q.ack_due = None; // the response acknowledges every earlier request
@@ -1822,6 +1836,7 @@ impl Model {
             }
             Outcome::Rnr => {
                 self.stats.rnr_naks += 1;
+                q.nak_seq_sent = true;
                 q.ack_due = None;
                 self.respond(q, src, psn, Response::RnrNak);
             }
@@ -1950,10 +1965,6 @@ impl Model {
                 };
                 // SAFETY: as above.
                 unsafe { p.write(new) };
-                q.atomic_replay.push_back((q.epsn, old));
-                if q.atomic_replay.len() > MAX_RD_ATOMIC as usize {
-                    q.atomic_replay.pop_front();
-                }
                 Outcome::Respond(Response::AtomicData(old))
             }
             _ => Outcome::Nak(ibv_wc_status::IBV_WC_REM_INV_REQ_ERR),
@@ -1969,8 +1980,12 @@ impl Model {
     }
 
     /// A cumulative acknowledgement of every request up to `psn` (IBA: an ACK acknowledges all earlier PSNs).
-    /// An RDMA READ / atomic so covered without its response was lost: resent (implicit NAK).
-    fn ack_through(&mut self, q: &mut QpModel, psn: u64) {
+    /// An RDMA READ / atomic so covered without its response had its response lost (an implicit NAK): the
+    /// acknowledgement stops there, and the requester goes back to it — it and every request after it are sent
+    /// again (go-back-N, as rxe's completer does); the responder reads a duplicate READ again and answers a
+    /// duplicate atomic from its replay record. Returns false after such an implicit NAK: the caller then
+    /// ignores the rest of the packet, which is about a request after the missing response.
+    fn ack_through(&mut self, q: &mut QpModel, psn: u64) -> bool {
         let mut progressed = false;
         let mut implicit_nak = None;
         let start = (q.next_complete - q.base) as usize;
@@ -1983,8 +1998,8 @@ impl Model {
                 continue;
             }
             if is_read_or_atomic(w.opcode) {
-                implicit_nak.get_or_insert(w.index);
-                continue;
+                implicit_nak = Some(w.index);
+                break;
             }
             w.done = true;
             w.image = None;
@@ -1995,8 +2010,12 @@ impl Model {
             q.rnr_count = 0;
             q.last_progress = self.now;
         }
-        if let Some(i) = implicit_nak {
-            self.rewind(q, i);
+        match implicit_nak {
+            Some(i) => {
+                self.rewind(q, i);
+                false
+            }
+            None => true,
         }
     }
 
@@ -2004,29 +2023,34 @@ impl Model {
         if q.state != QpState::Rts {
             return;
         }
-        let before = |psn: u64| psn.checked_sub(1);
+        // Every response acknowledges the requests before its PSN; one that comes after a missing READ/atomic
+        // response is an implicit NAK of that READ/atomic and says nothing else the requester acts on.
+        let in_order = matches!(r, Response::Ack) || psn.checked_sub(1).is_none_or(|p| self.ack_through(q, p));
+        if in_order {
+            self.requester_rx_in_order(q, psn, r);
+        }
+        if q.state == QpState::Rts {
+            self.complete_ready(q);
+        }
+    }
+
+    /// A response whose PSN follows every request the requester has a response for.
+    fn requester_rx_in_order(&mut self, q: &mut QpModel, psn: u64, r: Response) {
         match r {
-            Response::Ack => self.ack_through(q, psn),
+            Response::Ack => {
+                self.ack_through(q, psn);
+            }
             Response::ReadData(data) => {
-                if let Some(p) = before(psn) {
-                    self.ack_through(q, p);
-                }
                 if let Some(i) = q.index_of_psn(psn) {
                     self.read_response(q, i, Some(&data), 0);
                 }
             }
             Response::AtomicData(v) => {
-                if let Some(p) = before(psn) {
-                    self.ack_through(q, p);
-                }
                 if let Some(i) = q.index_of_psn(psn) {
                     self.read_response(q, i, None, v);
                 }
             }
             Response::RnrNak => {
-                if let Some(p) = before(psn) {
-                    self.ack_through(q, p);
-                }
                 let Some(i) = q.index_of_psn(psn) else { return };
                 if q.wqe(i).done {
                     return;
@@ -2040,9 +2064,6 @@ impl Model {
                 }
             }
             Response::SeqNak => {
-                if let Some(p) = before(psn) {
-                    self.ack_through(q, p);
-                }
                 let Some(i) = q.index_of_psn(psn) else { return };
                 if q.wqe(i).done || q.next_tx <= i {
                     return;
@@ -2055,18 +2076,12 @@ impl Model {
                 }
             }
             Response::Nak(status) => {
-                if let Some(p) = before(psn) {
-                    self.ack_through(q, p);
-                }
                 if let Some(i) = q.index_of_psn(psn) {
                     if !q.wqe(i).done {
                         self.fail_wqe(q, i, status, 0);
                     }
                 }
             }
-        }
-        if q.state == QpState::Rts {
-            self.complete_ready(q);
         }
     }
 
@@ -2136,6 +2151,9 @@ impl Model {
             let index = q.next_tx;
             let w = q.wqe(index);
             if w.done {
+                if w.status != SUCCESS {
+                    break; // a failed WQE stops the requester until its error completes
+                }
                 q.next_tx += 1;
                 continue;
             }

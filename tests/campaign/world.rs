@@ -90,7 +90,8 @@ struct Book {
     log: Vec<(u64, u32, u32)>,
     recv_log: Vec<(u64, u32)>,
     ulp_signaled: BTreeSet<u64>,
-    errored: bool,
+    send_order: Order,
+    recv_order: Order,
     transport_failed: bool,
     accepted: u64,
     released: u64,
@@ -104,7 +105,12 @@ impl Book {
     fn on_release(&mut self, c: &Completion) {
         if c.is_recv() {
             match self.recvs.pop_front() {
-                Some(id) if id == c.wr_id => self.recv_log.push((c.wr_id, c.status)),
+                Some(id) if id == c.wr_id => {
+                    if let Err(e) = self.recv_order.next(c.status) {
+                        self.err(format!("receive release {c:?}: {e} (earlier receive releases: {:?})", self.recv_log));
+                    }
+                    self.recv_log.push((c.wr_id, c.status));
+                }
                 other => self.err(format!("receive release {c:?} but the oldest posted receive is {other:?}")),
             }
             return;
@@ -126,29 +132,51 @@ impl Book {
             fill(&self.buf, k as u64 * CHUNK, (c.wr_id as u8) ^ 0xa5);
             self.free_chunks.push(k);
         }
-        // At most one error, and only flushes after it. (Before it, the sim flushes the unacknowledged WQEs
-        // ahead of the failing one while a local one that already executed completes: flushes and successes
-        // may mix there.)
+        // Per send queue, as an RC requester completes: successes, then at most one error, then only flushes.
+        if let Err(e) = self.send_order.next(c.status) {
+            self.err(format!("{e}: {c:?} (earlier releases: {:?})", self.log));
+        }
         if c.status == st::IBV_WC_RETRY_EXC_ERR {
             // The transport gave up: the HCA's verdict, not the library's, where packets can be lost (the check
             // is in `final_checks`). No RNR_RETRY_EXC: every connection here retries RNR forever.
             self.transport_failed = true;
-        }
-        if c.status != OK {
-            if c.status != FLUSH {
-                if self.errored {
-                    self.err(format!("a second error release: {c:?} (earlier releases: {:?})", self.log));
-                }
-                self.errored = true;
-            }
-        } else if self.errored {
-            self.err(format!("a success released after an error: {c:?} (earlier releases: {:?})", self.log));
         }
         if c.never_posted() && c.status != FLUSH {
             self.err(format!("never-posted release without a flush status: {c:?}"));
         }
         self.released += 1;
         self.log.push((c.wr_id, c.status, c.flags));
+    }
+}
+
+/// The completion order of one queue (its sends, or the receives of its own RQ), as an RC QP produces it:
+/// successes, then at most one error, then only flushes.
+#[derive(Default)]
+struct Order {
+    /// The first status other than success released so far.
+    first_failure: Option<u32>,
+}
+
+impl Order {
+    fn next(&mut self, status: u32) -> Result<(), String> {
+        match self.first_failure {
+            None => {
+                if status != OK {
+                    self.first_failure = Some(status);
+                }
+                Ok(())
+            }
+            Some(first) => {
+                let after = if first == FLUSH { "a flush" } else { "an error" };
+                if status == OK {
+                    Err(format!("a success released after {after}"))
+                } else if status != FLUSH {
+                    Err(format!("an error released after {after}"))
+                } else {
+                    Ok(())
+                }
+            }
+        }
     }
 }
 
@@ -255,7 +283,8 @@ impl Book {
             log: Vec::new(),
             recv_log: Vec::new(),
             ulp_signaled: BTreeSet::new(),
-            errored: false,
+            send_order: Order::default(),
+            recv_order: Order::default(),
             transport_failed: false,
             accepted: 0,
             released: 0,
