@@ -1,4 +1,4 @@
-//! The qpair functions: create a QP through SPDK's rdma_cm layer and put it under a sqdisc queue; queue and
+//! The qpair functions: create a QP through the connection manager and put it under a sqdisc queue; queue and
 //! flush WR lists through it; destroy.
 
 use std::cell::Cell;
@@ -14,7 +14,7 @@ use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler};
 
 use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
 use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
-use crate::{interpose, log_error, srq, wr_list};
+use crate::{cm, interpose, log_error, srq, wr_list};
 
 /// What SPDK holds as `struct spdk_rdma_provider_qp *`: SPDK's public part first, then ours.
 #[repr(C)]
@@ -138,10 +138,10 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
         init.srq = attr.srq;
         init.cap = attr.cap;
         init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        // SAFETY: SPDK's rdma_cm layer, called as its verbs provider calls it.
-        let rc = unsafe { abi::spdk_rdma_cm_create_qp(cm_id, attr.pd, &mut init) };
+        // SAFETY: the connection manager, called as SPDK's verbs provider calls it.
+        let rc = unsafe { cm::create_qp(cm_id, attr.pd, &mut init) };
         if rc != 0 {
-            log_error(&format!("qp_create: spdk_rdma_cm_create_qp failed ({rc}, errno {})", std::io::Error::last_os_error()));
+            log_error(&format!("qp_create: rdma_create_qp failed ({rc}, errno {})", std::io::Error::last_os_error()));
             return ptr::null_mut();
         }
         // SAFETY: `cm_id` is live; create_qp stored the new QP in it.
@@ -151,7 +151,7 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
             Err(msg) => {
                 log_error(&format!("qp_create: {msg}"));
                 // SAFETY: the QP made above, not yet seen by SPDK.
-                unsafe { abi::spdk_rdma_cm_destroy_qp(cm_id) };
+                unsafe { cm::destroy_qp(cm_id) };
                 return ptr::null_mut();
             }
         };
@@ -277,8 +277,8 @@ pub extern "C" fn spdk_rdma_provider_qp_accept(qp: *mut ProviderQp, conn_param: 
     crate::boundary(-libc::EINVAL, || {
         // SAFETY: SPDK passes its live qpair.
         let Some(s) = (unsafe { shim(qp) }) else { return -libc::EINVAL };
-        // SAFETY: SPDK's rdma_cm layer, as its verbs provider calls it.
-        unsafe { abi::spdk_rdma_cm_accept(s.public.cm_id, conn_param) }
+        // SAFETY: the connection manager, as SPDK's verbs provider calls it.
+        unsafe { cm::accept(s.public.cm_id, conn_param) }
     })
 }
 
@@ -295,9 +295,9 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
         if s.public.cm_id.is_null() {
             return 0;
         }
-        // SAFETY: SPDK's rdma_cm layer; for IB and RoCE it moves the QP to the error state, so every WR still
+        // SAFETY: the connection manager; for IB and RoCE it moves the QP to the error state, so every WR still
         // outstanding flushes with its own completion, which the queue reaps and passes on.
-        let rc = unsafe { abi::spdk_rdma_cm_disconnect(s.public.cm_id) };
+        let rc = unsafe { cm::disconnect(s.public.cm_id) };
         if rc != 0 {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
             // SAFETY: a live QP's context and device, field reads.
@@ -306,7 +306,7 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
             if errno == libc::EINVAL && iwarp {
                 return 0;
             }
-            log_error(&format!("qp_disconnect: spdk_rdma_cm_disconnect failed (errno {errno})"));
+            log_error(&format!("qp_disconnect: rdma_disconnect failed (errno {errno})"));
         }
         rc
     })
@@ -337,9 +337,9 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
             });
         }
         if !s.public.qp.is_null() {
-            // SAFETY: SPDK's rdma_cm layer destroys the QP it made for this qpair, once. Providers discard the
+            // SAFETY: the connection manager destroys the QP it made for this qpair, once. Providers discard the
             // CQEs of a destroyed QP that are still in its CQs (mlx5, the software HCA).
-            unsafe { abi::spdk_rdma_cm_destroy_qp(s.public.cm_id) };
+            unsafe { cm::destroy_qp(s.public.cm_id) };
         }
         if let Some(state) = state {
             let domain = state.domain().clone();
