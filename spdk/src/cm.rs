@@ -81,6 +81,14 @@ fn via() -> Via {
     }
 }
 
+/// The name of the function `op` ("create_qp", "disconnect"...) reaches, for messages.
+pub fn name(op: &str) -> String {
+    match spdk() {
+        Some(_) => format!("spdk_rdma_cm_{op}"),
+        None => format!("rdma_{op}"),
+    }
+}
+
 /// `rdma_create_qp`: 0, or -1 with errno set.
 ///
 /// # Safety

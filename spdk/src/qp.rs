@@ -141,7 +141,7 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
         // SAFETY: the connection manager, called as SPDK's verbs provider calls it.
         let rc = unsafe { cm::create_qp(cm_id, attr.pd, &mut init) };
         if rc != 0 {
-            log_error(&format!("qp_create: rdma_create_qp failed ({rc}, errno {})", std::io::Error::last_os_error()));
+            log_error(&format!("qp_create: {} failed ({rc}, errno {})", cm::name("create_qp"), std::io::Error::last_os_error()));
             return ptr::null_mut();
         }
         // SAFETY: `cm_id` is live; create_qp stored the new QP in it.
@@ -212,7 +212,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
-        let build = || {
+        let build = |config: QueueConfig| {
             let pending = pending.clone();
             let destroying = destroying.clone();
             // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs would have
@@ -239,19 +239,37 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         let recvs = u64::from(config.rq_depth);
         let growth: [(u64, u64); 2] =
             if same { [(sends + recvs, 0), (srq_depth, 0)] } else { [(sends, recvs), (0, srq_depth)] };
+        // Where the CQ cannot grow (iWARP, some providers), the queue signals every WR instead (signal_interval
+        // 1) and reserves one CQE less, if that fits. It is safe: a marker is posted only to cover an unsignaled
+        // tail, and with every WR signaled there never is one, so the SQ depth alone bounds the CQEs of the
+        // sends, flushes included (every outstanding WQE flushes with one CQE, and sqdisc never has more than
+        // max_send_wr WQEs outstanding). That is the sizing of SPDK's NVMe host, 2 n CQEs for n sends and n
+        // receives; the host signals every SEND, so signaling every WR costs it nothing. A caller that leaves
+        // WRs unsignaled gets their completions too, hidden from it as moderation's are.
+        let mut config = config;
         let mut attempt = 0;
+        let mut cannot_grow: Option<String> = None;
         let queue = loop {
-            match build() {
+            match build(config) {
                 Ok(q) => break q,
-                Err(e) if e.errno() == libc::ENOSPC && attempt < growth.len() => {
+                Err(e) if e.errno() == libc::ENOSPC && cannot_grow.is_none() && attempt < growth.len() => {
                     let (on_send, on_recv) = growth[attempt];
-                    grow(send, on_send).map_err(|g| format!("{}; {g}", e.message()))?;
-                    if !same {
-                        grow(recv, on_recv).map_err(|g| format!("{}; {g}", e.message()))?;
+                    let grown = grow(send, on_send).and_then(|()| if same { Ok(()) } else { grow(recv, on_recv) });
+                    match grown {
+                        Ok(()) => attempt += 1,
+                        Err(g) if config.signal_interval != 1 => {
+                            config.signal_interval = 1;
+                            cannot_grow = Some(g);
+                        }
+                        Err(g) => return Err(format!("{}; {g}", e.message())),
                     }
-                    attempt += 1;
                 }
-                Err(e) => return Err(e.message().to_owned()),
+                Err(e) => {
+                    return Err(match &cannot_grow {
+                        Some(g) if e.errno() == libc::ENOSPC => format!("{}; {g}", e.message()),
+                        _ => e.message().to_owned(),
+                    })
+                }
             }
         };
         Ok(QpState { queue, qp_num, pending, destroying })
@@ -306,7 +324,7 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
             if errno == libc::EINVAL && iwarp {
                 return 0;
             }
-            log_error(&format!("qp_disconnect: rdma_disconnect failed (errno {errno})"));
+            log_error(&format!("qp_disconnect: {} failed (errno {errno})", cm::name("disconnect")));
         }
         rc
     })
