@@ -6,11 +6,11 @@ use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ptr;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{ibv_cq, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_opcode, ibv_wc_status};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
-use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler};
+use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED};
 
 use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
 use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
@@ -40,6 +40,15 @@ fn flush_wc(wr_id: u64, opcode: u32, qp_num: u32) -> ibv_wc {
     wc.opcode = opcode as ibv_wc_opcode::Type;
     wc.qp_num = qp_num;
     wc
+}
+
+/// Whether `SQDISC_SPDK_VERIFY_BUFFERS=1` was in the environment when the process made its first qpair: then
+/// every send WR's source bytes are checksummed when SPDK flushes it and again when it is released, and a
+/// difference (SPDK reused a buffer the HCA could still read) is logged through `spdk_log`. For debug runs: it
+/// reads every byte sent twice.
+fn verify_buffers() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_VERIFY_BUFFERS").is_some_and(|v| v == "1"))
 }
 
 /// Finds the domain the new qpair's CQs and SRQ live in, or a new one; `None` if they are in different ones.
@@ -208,7 +217,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             signal_interval: 0,
             // SPDK never has more than max_send_wr WRs outstanding, so this is room for all it can post.
             backlog_depth: init.cap.max_send_wr,
-            verify_buffers: false,
+            verify_buffers: verify_buffers(),
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
@@ -220,6 +229,12 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
                 if c.never_posted() && !c.is_recv() && !destroying.get() {
                     pending.borrow_mut().push_back(flush_wc(c.wr_id, c.opcode, qp_num));
+                }
+                if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+                    log_error(&format!(
+                        "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
+                        c.modified_sge, c.wr_id, c.opcode
+                    ));
                 }
             }));
             // SAFETY: as above.
