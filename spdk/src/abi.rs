@@ -1,6 +1,6 @@
 //! SPDK's side of the interface: the structures its RDMA provider functions take and return, and the SPDK
 //! functions a provider calls. Declared here from SPDK's documented provider interface
-//! (`include/spdk_internal/rdma_provider.h`), whose layout is the same from SPDK v25.05 through v26.09-pre
+//! (`include/spdk_internal/rdma_provider.h`), the same file in SPDK v25.05, v25.09, v26.01, v26.05 and master
 //! (commit 3230130e6a); `tests` below pins every size and offset, and the C contract suite checks the same
 //! numbers against `spdk/include/sqdisc_spdk.h`.
 
@@ -9,7 +9,8 @@ use std::ffi::{c_char, c_int, c_void};
 use rdma_sys::{ibv_cq, ibv_pd, ibv_qp, ibv_qp_cap, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_init_attr};
 
 /// The SPDK releases whose provider interface these declarations match.
-pub const SPDK_INTERFACE: &str = "SPDK v25.05, v25.09, v26.01 and v26.09-pre (3230130e6a): spdk_rdma_provider_* with domain_transfer";
+pub const SPDK_INTERFACE: &str =
+    "SPDK v25.05, v25.09, v26.01, v26.05 and master (3230130e6a): spdk_rdma_provider_* with domain_transfer";
 
 /// `struct spdk_rdma_provider_wr_stats`.
 #[repr(C)]
