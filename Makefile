@@ -127,8 +127,9 @@ $(BUILD)/lib/$(LIB_A): cargo-release
 
 # Both libraries come from the crate's staticlib, merged into one object whose only global symbols are the
 # provider's: rustc's own export list for a cdylib would also export every sqd_* function of the sqdisc core
-# linked into it. The shared library leaves SPDK's functions it calls (spdk_rdma_cm_*, spdk_rdma_utils_*,
-# spdk_log) undefined, to be bound to SPDK's libraries in the process that loads it.
+# linked into it. The shared library leaves SPDK's functions it calls (spdk_rdma_utils_*, spdk_log; and
+# spdk_rdma_cm_*, weakly: spdk/src/cm.rs) undefined, to be bound to SPDK's libraries in the process that loads
+# it. libibverbs and librdmacm (which every SPDK release with RDMA links too) come from sqdisc_spdk.pc's Requires.
 spdk-shim: $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(BUILD)/sqdisc_spdk.pc
 
 spdk-cargo-release:
@@ -137,7 +138,7 @@ spdk-cargo-release:
 		| tee $(BUILD)/spdk-cargo-release.log
 	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/spdk-cargo-release.log | tail -n 1); \
 	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
-	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
+	libs=$$(printf '%s\n' $$libs | grep -vx -e '-libverbs' -e '-lrdmacm' | tr '\n' ' ' | sed 's/ *$$//'); \
 	printf '%s\n' "$$libs" > $(BUILD)/spdk-native-static-libs.new; \
 	cmp -s $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs 2>/dev/null \
 		&& rm $(BUILD)/spdk-native-static-libs.new || mv $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs
@@ -159,7 +160,7 @@ $(BUILD)/lib/$(SPDK_A): $(BUILD)/obj/sqdisc_spdk.o
 $(BUILD)/lib/$(SPDK_REAL): $(BUILD)/obj/sqdisc_spdk.o
 	@mkdir -p $(@D)
 	$(CC) -shared -o $@ $< -Wl,-soname,$(SPDK_SONAME) -Wl,-z,relro,-z,now -Wl,--gc-sections \
-		$$(cat $(BUILD)/spdk-native-static-libs) -libverbs
+		$$(cat $(BUILD)/spdk-native-static-libs) -libverbs -lrdmacm
 	ln -sfn $(SPDK_REAL) $(@D)/$(SPDK_SONAME)
 	ln -sfn $(SPDK_SONAME) $(@D)/$(SPDK_SO)
 
@@ -235,8 +236,10 @@ check-installed-symbols:
 c-tests:
 	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR)
 
-# libsqdisc_spdk replacing, preloaded before, or linked in place of SPDK's provider (docs/spdk.md).
+# libsqdisc_spdk replacing, preloaded before, or linked in place of SPDK's provider (docs/spdk.md), in a
+# stand-in of each SPDK release of spdk/releases/ (first compared with ../shared/spdk when that exists).
 check-spdk-dropin:
+	bash scripts/spdk-releases.sh check
 	CC='$(CC)' bash scripts/check-spdk-dropin.sh $(STAGE) $(STAGE_LIBDIR)
 
 check-install:

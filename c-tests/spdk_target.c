@@ -62,9 +62,16 @@ static void request_wrs(struct world *w, int qi, int ri)
     link_wrs(r->wr, WRITES + 1);
 }
 
+/* What sqdisc did underneath, summed over the qpairs when they are destroyed, and the flush completions SPDK
+ * saw: reported with the run (docs/spdk.md quotes it). */
+static struct {
+    unsigned long long accepted, policy_signals, markers, parked, flushes;
+} underneath;
+
 /* One ibv_wc, accounted as SPDK's target accounts it. */
 static void on_wc(struct world *w, const struct ibv_wc *wc)
 {
+    underneath.flushes += wc->status == IBV_WC_WR_FLUSH_ERR;
     int qi = (int)(wc->wr_id >> 32), ri = (int)((wc->wr_id >> 8) & 0xffffff), kind = (int)(wc->wr_id & 0xff);
     CHECK(qi >= 0 && qi < QPAIRS && !qps[qi].destroyed);
     struct qpair *p = &qps[qi];
@@ -167,6 +174,11 @@ static void run_seed(uint64_t seed)
                 continue;
             if (p->disconnecting) {
                 if (p->send_depth == 0 && p->recv_depth == 0) {
+                    struct sqd_queue_stats qs = qstats(p->q);
+                    underneath.accepted += qs.accepted;
+                    underneath.policy_signals += qs.signaled_by_policy;
+                    underneath.markers += qs.markers;
+                    underneath.parked += qs.parked;
                     spdk_rdma_provider_qp_destroy(p->q);
                     CHECK_EQ(sqd_sim_destroy_qp(p->peer), 0);
                     p->destroyed = 1;
@@ -231,12 +243,20 @@ static void run_seed(uint64_t seed)
     CHECK(st.packets_lost > 0 && st.acks_lost > 0 && st.retransmissions > 0);
     CHECK(failed > 0); /* the failed QPs cut requests short */
     CHECK_EQ(sqd_spdk_cq_stats(w.cq, &(struct sqd_cq_stats){0}), -ENOENT);
+    /* SPDK ends every request with a signaled SEND and admits no more WRs than max_send_wr: sqdisc never has
+     * to post a marker or park a WR for it; what it brings here is the CQ budget and exact flushes. */
+    CHECK_EQ(underneath.markers, 0);
+    CHECK_EQ(underneath.parked, 0);
+    CHECK(underneath.flushes > 0);
     w.peer.qp = NULL;
     world_free(&w); /* no violation: no SQ overflow, no CQ overrun */
     printf("PASS %s: %d requests ended once (%d failed with their QP), %llu packets and %llu ACKs lost, "
-           "%llu retransmissions, CQ grown to %d\n",
+           "%llu retransmissions, CQ grown to %d; underneath: %llu WRs, %llu signaled by moderation, %llu markers, "
+           "%llu through the backlog, %llu flush completions delivered\n",
            current, ended, failed, (unsigned long long)st.packets_lost, (unsigned long long)st.acks_lost,
-           (unsigned long long)st.retransmissions, num_cqe);
+           (unsigned long long)st.retransmissions, num_cqe, underneath.accepted, underneath.policy_signals,
+           underneath.markers, underneath.parked, underneath.flushes);
+    memset(&underneath, 0, sizeof underneath);
 }
 
 int main(void)

@@ -537,9 +537,10 @@ int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
 
 /**
  * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
- * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
- * `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when
- * queues receive through managed SRQs on the CQ, use `sqd_cq_depth_for_srqs`.
+ * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
+ * 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+ * below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
+ * on the CQ, use `sqd_cq_depth_for_srqs`.
  *
  * Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`),
  * `-EOVERFLOW` (the depth does not fit in 64 bits).
@@ -587,8 +588,9 @@ const char *sqd_version(void);
  * `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
  *
  * The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
- * with its own CQE on QP error, plus a drain marker) and `rq_depth` on the receive CQ. If that does not fit in
- * what the CQ has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
+ * with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
+ * every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+ * has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
  * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
  * a time, the one that uses the queue's CQs.

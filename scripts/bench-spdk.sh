@@ -5,8 +5,11 @@
 # (--toggle-collect), "excl. sim" the rest. Allocations per WR come from benches/alloc_count.so preloaded, in
 # the steady state (a run of 2N requests minus a run of N).
 # Prints a markdown table and, unless BENCH_NO_DOC=1, writes it into docs/spdk.md between the
-# bench-spdk:begin/bench-spdk:end markers. With --guard it only checks (make check's bench-guard): no
-# allocation per WR, sqdisc's provider within 3x the verbs provider's instructions per WR.
+# bench-spdk:begin/bench-spdk:end markers; and the instructions per ibv_poll_cq of an empty CQ
+# (benches/spdk_poll_bench.c: the device's op alone, a CQ with no managed QP on a patched context, a managed CQ)
+# between the bench-spdk-poll markers. With --guard it only checks (make check's bench-guard): no allocation per
+# WR, sqdisc's provider within 3x the verbs provider's instructions per WR, and at most 64 instructions added to
+# the poll of a CQ with no managed QP.
 # usage: scripts/bench-spdk.sh STAGE_DIR LIBDIR_IN_STAGE [--guard]
 # env:   BENCH_N (requests per counted run, default 5000)
 set -euo pipefail
@@ -30,6 +33,8 @@ read -r -a libs <<< "$(pc --libs sqdisc_spdk sqdisc)"
 cc=${CC:-cc}
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_bench.c -o "$bin/spdk_bench" \
     -rdynamic "${libs[@]}" -Wl,-rpath,"$lib"
+"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_poll_bench.c \
+    -o "$bin/spdk_poll_bench" -rdynamic "${libs[@]}" -Wl,-rpath,"$lib"
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -fPIC -shared benches/alloc_count.c -o "$bin/alloc_count.so"
 
 cg() { # [valgrind options --] ARGS: instructions callgrind counts for one run
@@ -39,6 +44,12 @@ cg() { # [valgrind options --] ARGS: instructions callgrind counts for one run
     local log
     log=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "${vg[@]}" "$bin/spdk_bench" "$@" 2>&1 >/dev/null) \
         || { echo "bench-spdk: spdk_bench $* failed under callgrind:" >&2; echo "$log" >&2; exit 1; }
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' <<< "$log"
+}
+cg_poll() { # MODE POLLS: instructions callgrind counts for one run of spdk_poll_bench
+    local log
+    log=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin/spdk_poll_bench" "$1" -n "$2" 2>&1 >/dev/null) \
+        || { echo "bench-spdk: spdk_poll_bench $1 -n $2 failed under callgrind:" >&2; echo "$log" >&2; exit 1; }
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' <<< "$log"
 }
 per_wr() { awk -v f="$1" -v z="$2" -v n="$3" 'BEGIN { printf "%.1f", (f - z) / n }'; }
@@ -68,6 +79,16 @@ for b in "${BATCHES[@]}"; do
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 
+# Instructions per ibv_poll_cq of an empty CQ: the device's op alone, through the provider's lookup for a CQ
+# with no managed QP, and through sqdisc for a managed one.
+POLLS=${BENCH_POLLS:-20000}
+[ -n "$guard" ] && POLLS=${BENCH_POLLS:-5000}
+declare -A poll
+for m in unpatched passthrough managed; do
+    poll[$m]=$(per_wr "$(cg_poll "$m" "$POLLS")" "$(cg_poll "$m" 0)" "$POLLS")
+done
+POLL_OVERHEAD_MAX=64
+
 if [ -n "$guard" ]; then
     failed=0
     for b in "${BATCHES[@]}"; do
@@ -78,6 +99,10 @@ if [ -n "$guard" ]; then
             echo "PASS spdk provider batch $b: ${instr[sqdisc/$b]} instructions per WR = $(ratio "${instr[sqdisc/$b]}" "${instr[verbs/$b]}") the verbs provider's (${instr[verbs/$b]}) <= 3x"
         else echo "FAIL spdk provider batch $b: ${instr[sqdisc/$b]} instructions per WR > 3x the verbs provider's (${instr[verbs/$b]})"; failed=1; fi
     done
+    over=$(awk -v p="${poll[passthrough]}" -v u="${poll[unpatched]}" 'BEGIN { printf "%.1f", p - u }')
+    if awk -v o="$over" -v m="$POLL_OVERHEAD_MAX" 'BEGIN { exit !(o <= m) }'; then
+        echo "PASS spdk provider poll of a CQ with no managed QP: ${poll[passthrough]} instructions = the device's ${poll[unpatched]} + $over (<= $POLL_OVERHEAD_MAX)"
+    else echo "FAIL spdk provider poll of a CQ with no managed QP: ${poll[passthrough]} instructions = the device's ${poll[unpatched]} + $over (> $POLL_OVERHEAD_MAX)"; failed=1; fi
     [ "$failed" -eq 0 ]
     exit
 fi
@@ -95,10 +120,26 @@ table=$out/table.md
         echo "| $b | ${instr[$v]} | ${instr[$s]} | $(ratio "${instr[$s]}" "${instr[$v]}") | ${excl[$v]} | ${excl[$s]} | $(ratio "${excl[$s]}" "${excl[$v]}") | ${allocs[$s]} | ${cqes[$v]} · ${cqes[$s]} | ${bells[$s]} |"
     done
 } > "$table"
+poll_table=$out/poll-table.md
+{
+    echo "Measured $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` by \`make bench-spdk\`"
+    echo "(benches/spdk_poll_bench.c; $POLLS polls of an empty CQ with ibv_poll_cq, 32 entries each; software HCA in null"
+    echo "mode; callgrind, N-poll run minus 0-poll run, per poll)."
+    echo
+    echo "| CQ polled | instr/poll | vs. the device's op alone |"
+    echo "|---|---:|---:|"
+    echo "| context not patched (no qpair of this provider on the device): the device's op alone | ${poll[unpatched]} | 1.00x |"
+    echo "| patched context, CQ with no managed QP: lookup, then the device's op | ${poll[passthrough]} | $(ratio "${poll[passthrough]}" "${poll[unpatched]}") (+$(awk -v p="${poll[passthrough]}" -v u="${poll[unpatched]}" 'BEGIN { printf "%.1f", p - u }')) |"
+    echo "| managed CQ (a qpair of this provider on it): through sqdisc | ${poll[managed]} | $(ratio "${poll[managed]}" "${poll[unpatched]}") (+$(awk -v p="${poll[managed]}" -v u="${poll[unpatched]}" 'BEGIN { printf "%.1f", p - u }')) |"
+} > "$poll_table"
 cat "$table"
+echo
+cat "$poll_table"
 if [ "${BENCH_NO_DOC:-}" != 1 ]; then
-    awk -v t="$table" '
-        /<!-- bench-spdk:begin -->/ { print; while ((getline l < t) > 0) print l; skip = 1; next }
-        /<!-- bench-spdk:end -->/ { skip = 0 }
-        !skip' docs/spdk.md > "$out/spdk.md" && mv "$out/spdk.md" docs/spdk.md
+    for section in bench-spdk:"$table" bench-spdk-poll:"$poll_table"; do
+        awk -v t="${section#*:}" -v b="<!-- ${section%%:*}:begin -->" -v e="<!-- ${section%%:*}:end -->" '
+            $0 == b { print; while ((getline l < t) > 0) print l; skip = 1; next }
+            $0 == e { skip = 0 }
+            !skip' docs/spdk.md > "$out/spdk.md" && mv "$out/spdk.md" docs/spdk.md
+    done
 fi

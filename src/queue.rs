@@ -34,7 +34,8 @@ pub struct QueueConfig {
     pub max_inline_data: u32,
     /// The QP's `max_recv_wr` when receives complete on a managed CQ (`recv_cq`), else 0.
     pub rq_depth: u32,
-    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`.
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. With 1 every WR is
+    /// signaled, so the queue never posts a marker and reserves no CQE for one.
     pub signal_interval: u32,
     /// WRs parked while the SQ has no credit; 0 makes posts fail with `EAGAIN` instead.
     pub backlog_depth: u32,
@@ -336,15 +337,23 @@ impl Queue {
                 ));
             }
         }
-        let (send_need, recv_need) = if same_cq {
+        let (mut send_need, recv_need) = if same_cq {
             (reservation(c.sq_depth, c.rq_depth, true, true), 0)
         } else {
             (reservation(c.sq_depth, 0, true, false), reservation(0, c.rq_depth, false, recv_cq.is_some()))
         };
-        let what = if same_cq {
-            format!("sq_depth {} + rq_depth {} + 1 drain marker", c.sq_depth, c.rq_depth)
+        // An interval of 1 signals every WR: no unsignaled tail can exist, so no idle-tail or drain marker is
+        // ever posted, and the SQ depth alone bounds the CQEs of the sends.
+        let marker = if c.signal_interval == 1 {
+            send_need -= 1;
+            "every WR signaled, no marker"
         } else {
-            format!("sq_depth {} + 1 drain marker", c.sq_depth)
+            "1 drain marker"
+        };
+        let what = if same_cq {
+            format!("sq_depth {} + rq_depth {} + {marker}", c.sq_depth, c.rq_depth)
+        } else {
+            format!("sq_depth {} + {marker}", c.sq_depth)
         };
         let qp_num = qp.qp_num();
         let send_index = send_cq.shared.attach(qp_num, send_need, &what)?;

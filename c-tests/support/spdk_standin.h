@@ -1,7 +1,9 @@
 /* Stand-ins for what libsqdisc_spdk calls outside sqdisc, so that the SPDK provider runs on the software HCA
  * in a test program without SPDK:
- *   - SPDK's rdma_cm wrappers (spdk_rdma_cm_create_qp / destroy_qp / accept / disconnect), on sqd_sim_*:
- *     disconnect moves the QP to the error state, as rdma_disconnect does for IB and RoCE;
+ *   - SPDK master's rdma_cm wrappers (spdk_rdma_cm_create_qp / destroy_qp / accept / disconnect), on sqd_sim_*:
+ *     disconnect moves the QP to the error state, as rdma_disconnect does for IB and RoCE. A program that
+ *     defines them makes the provider use them, as in SPDK master; the releases' path, librdmacm directly, is
+ *     driven by scripts/check-spdk-dropin.sh;
  *   - SPDK's memory-domain refcount (spdk_rdma_utils_get/put_memory_domain) and its logger (spdk_log);
  *   - libibverbs' ibv_create_srq / ibv_destroy_srq / ibv_resize_cq, which reach a provider through private
  *     driver ops the software HCA does not have: these definitions in the program take precedence over

@@ -7,8 +7,10 @@
  * programs outside SPDK that drive the provider (tests, tools), and for the two sqd_spdk_* functions that
  * read a qpair's and a CQ's sqdisc counters.
  *
- * The declarations below match SPDK v25.05, v25.09, v26.01 and v26.09-pre (commit 3230130e6a) on LP64
- * platforms; SQD_SPDK_ASSERT_LAYOUT pins every size and offset at compile time. If SPDK's header was included
+ * The declarations below match SPDK v25.05, v25.09, v26.01, v26.05 and master (commit 3230130e6a), whose
+ * include/spdk_internal/rdma_provider.h is the same file, on LP64 platforms; SQD_SPDK_ASSERT_LAYOUT pins every
+ * size and offset at compile time. The library reaches the connection manager as the running SPDK does:
+ * through SPDK's spdk_rdma_cm_* where the process has them (master), else through librdmacm (the releases). If SPDK's header was included
  * first (SPDK_RDMA_H defined), SPDK's declarations are used and only the sqd_spdk_* functions are added.
  *
  * Thread safety: as SPDK's provider. The functions of one qpair or SRQ are called from one thread at a time
@@ -100,16 +102,19 @@ bool spdk_rdma_provider_srq_queue_recv_wrs(struct spdk_rdma_provider_srq *rdma_s
 /* Posts the queued receives in order; on failure returns an errno and *bad_wr is the first not posted. */
 int spdk_rdma_provider_srq_flush_recv_wrs(struct spdk_rdma_provider_srq *rdma_srq, struct ibv_recv_wr **bad_wr);
 
-/* Creates the qpair's RC QP (spdk_rdma_cm_create_qp) and puts it under a sqdisc queue on its CQs. NULL when
- * the QP cannot be made, or when its worst case (max_send_wr + 1 CQEs on the send CQ, max_recv_wr on the
- * receive CQ, an SRQ's depth once per CQ) does not fit what the CQs have left: the reason goes to spdk_log. */
+/* Creates the qpair's RC QP (rdma_create_qp, or spdk_rdma_cm_create_qp where SPDK has it) and puts it under a
+ * sqdisc queue on its CQs. Its worst case (max_send_wr + 1 CQEs on the send CQ, max_recv_wr on the receive CQ,
+ * an SRQ's depth once per CQ) must fit what the CQs have left; they are grown with ibv_resize_cq if not, and
+ * where they cannot grow the qpair signals every WR and needs max_send_wr on the send CQ. NULL when the QP
+ * cannot be made or does not fit even so: the reason, with the numbers, goes to spdk_log. */
 struct spdk_rdma_provider_qp *spdk_rdma_provider_qp_create(struct rdma_cm_id *cm_id,
 		struct spdk_rdma_provider_qp_init_attr *qp_attr);
 int spdk_rdma_provider_qp_accept(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct rdma_conn_param *conn_param);
 int spdk_rdma_provider_qp_complete_connect(struct spdk_rdma_provider_qp *spdk_rdma_qp);
 /* Destroys the qpair and its QP. WRs still outstanding are released; their completions never reach SPDK. */
 void spdk_rdma_provider_qp_destroy(struct spdk_rdma_provider_qp *spdk_rdma_qp);
-/* Disconnects (spdk_rdma_cm_disconnect): the QP goes to the error state and every outstanding WR flushes. */
+/* Disconnects (rdma_disconnect, or spdk_rdma_cm_disconnect): the QP goes to the error state and every
+ * outstanding WR flushes. */
 int spdk_rdma_provider_qp_disconnect(struct spdk_rdma_provider_qp *spdk_rdma_qp);
 /* Appends a chain of send WRs to the qpair's list; true iff the list was empty. */
 bool spdk_rdma_provider_qp_queue_send_wrs(struct spdk_rdma_provider_qp *spdk_rdma_qp, struct ibv_send_wr *first);
@@ -145,7 +150,7 @@ _Static_assert(sizeof(struct spdk_rdma_provider_qp_stats) == 32, "qp_stats layou
 /* ---- sqdisc's view -------------------------------------------------------------------------------- */
 
 /* The SPDK releases whose provider interface this library implements. */
-#define SQD_SPDK_INTERFACE "SPDK v25.05 - v26.09-pre (rdma_provider.h unchanged since commit d1c46ed8e5)"
+#define SQD_SPDK_INTERFACE "SPDK v25.05, v25.09, v26.01, v26.05 and master (rdma_provider.h unchanged since commit d1c46ed8e5)"
 
 /* Copies the sqdisc counters of a qpair's queue (credits, backlog, CQEs, markers...) into *out. Returns 0 or
  * -EINVAL (NULL argument). */

@@ -1,15 +1,16 @@
 //! SPDK's side of the interface: the structures its RDMA provider functions take and return, and the SPDK
 //! functions a provider calls. Declared here from SPDK's documented provider interface
-//! (`include/spdk_internal/rdma_provider.h`), whose layout is the same from SPDK v25.05 through v26.09-pre
+//! (`include/spdk_internal/rdma_provider.h`), the same file in SPDK v25.05, v25.09, v26.01, v26.05 and master
 //! (commit 3230130e6a); `tests` below pins every size and offset, and the C contract suite checks the same
 //! numbers against `spdk/include/sqdisc_spdk.h`.
 
 use std::ffi::{c_char, c_int, c_void};
 
-use rdma_sys::{ibv_cq, ibv_pd, ibv_qp, ibv_qp_cap, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_init_attr};
+use rdma_sys::{ibv_cq, ibv_pd, ibv_qp, ibv_qp_cap, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_init_attr};
 
 /// The SPDK releases whose provider interface these declarations match.
-pub const SPDK_INTERFACE: &str = "SPDK v25.05, v25.09, v26.01 and v26.09-pre (3230130e6a): spdk_rdma_provider_* with domain_transfer";
+pub const SPDK_INTERFACE: &str =
+    "SPDK v25.05, v25.09, v26.01, v26.05 and master (3230130e6a): spdk_rdma_provider_* with domain_transfer";
 
 /// `struct spdk_rdma_provider_wr_stats`.
 #[repr(C)]
@@ -92,12 +93,8 @@ pub const LOG_ERROR: c_int = 0;
 pub const LOG_WARN: c_int = 1;
 
 extern "C" {
-    // From SPDK's rdma_cm library (libspdk_rdma_cm): thin wrappers over librdmacm that SPDK can mock.
-    pub fn spdk_rdma_cm_create_qp(id: *mut rdma_sys::rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int;
-    pub fn spdk_rdma_cm_destroy_qp(id: *mut rdma_sys::rdma_cm_id);
-    pub fn spdk_rdma_cm_accept(id: *mut rdma_sys::rdma_cm_id, param: *mut rdma_sys::rdma_conn_param) -> c_int;
-    pub fn spdk_rdma_cm_disconnect(id: *mut rdma_sys::rdma_cm_id) -> c_int;
-    // From SPDK's rdma_utils library (libspdk_rdma_utils).
+    // SPDK's connection manager is reached through `cm`. The rest is exported by every SPDK release since
+    // v25.05. From SPDK's rdma_utils library (libspdk_rdma_utils).
     pub fn spdk_rdma_utils_get_memory_domain(pd: *mut ibv_pd) -> *mut c_void;
     pub fn spdk_rdma_utils_put_memory_domain(domain: *mut c_void) -> c_int;
     // From SPDK's log library (libspdk_log).

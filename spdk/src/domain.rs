@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use rdma_sys::{ibv_cq, ibv_wc};
@@ -34,8 +34,27 @@ impl DomainState {
     }
 }
 
-pub(crate) struct Domain {
+/// A domain's lock and state. Cells are never freed: the poll path finds a CQ's cell without a lock
+/// (`interpose`), so a cell must stay valid however late a poller reads a stale pointer to it. A cell whose
+/// domain is gone (its state empty) goes back to a pool and serves the next domain; a poller holding a stale
+/// pointer then finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is what
+/// the CQ became.
+pub(crate) struct DomainCell {
     state: ReentrantMutex<RefCell<DomainState>>,
+}
+
+impl DomainCell {
+    pub fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<DomainState>> {
+        self.state.lock()
+    }
+}
+
+/// Cells of domains that are gone, for the next ones: at most as many as domains ever lived at once.
+static POOL: Mutex<Vec<&'static DomainCell>> = Mutex::new(Vec::new());
+
+/// A lock domain: owned (`Arc`) by the queues and SRQs of one group and by the CQs it manages.
+pub(crate) struct Domain {
+    cell: &'static DomainCell,
 }
 
 // SAFETY: a domain's state (and every `Guarded` value of the domain) holds `Rc`-based sqdisc objects that refer
@@ -46,11 +65,33 @@ unsafe impl Send for DomainState {}
 
 impl Domain {
     pub fn new() -> Arc<Domain> {
-        Arc::new(Domain { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) })
+        let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let cell = pooled.unwrap_or_else(|| {
+            Box::leak(Box::new(DomainCell { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) }))
+        });
+        Arc::new(Domain { cell })
     }
 
     pub fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<DomainState>> {
-        self.state.lock()
+        self.cell.lock()
+    }
+
+    /// The domain's cell, valid for the life of the process.
+    pub fn cell(&self) -> &'static DomainCell {
+        self.cell
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        // Every queue, SRQ and managed CQ of the domain held it: its state is empty now.
+        {
+            let held = self.cell.lock();
+            let mut st = held.borrow_mut();
+            debug_assert!(st.cqs.is_empty(), "a domain dropped with managed CQs");
+            st.cqs.clear();
+        }
+        POOL.lock().unwrap_or_else(|e| e.into_inner()).push(self.cell);
     }
 }
 

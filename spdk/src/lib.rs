@@ -10,6 +10,7 @@
 //! Every function here is an FFI edge: SPDK's pointers are trusted as SPDK's own provider trusts them.
 
 pub mod abi;
+mod cm;
 mod domain;
 mod interpose;
 mod qp;

@@ -1,4 +1,4 @@
-//! The qpair functions: create a QP through SPDK's rdma_cm layer and put it under a sqdisc queue; queue and
+//! The qpair functions: create a QP through the connection manager and put it under a sqdisc queue; queue and
 //! flush WR lists through it; destroy.
 
 use std::cell::Cell;
@@ -6,15 +6,15 @@ use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ptr;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{ibv_cq, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_opcode, ibv_wc_status};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
-use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler};
+use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED};
 
 use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
 use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
-use crate::{interpose, log_error, srq, wr_list};
+use crate::{cm, interpose, log_error, srq, wr_list};
 
 /// What SPDK holds as `struct spdk_rdma_provider_qp *`: SPDK's public part first, then ours.
 #[repr(C)]
@@ -40,6 +40,15 @@ fn flush_wc(wr_id: u64, opcode: u32, qp_num: u32) -> ibv_wc {
     wc.opcode = opcode as ibv_wc_opcode::Type;
     wc.qp_num = qp_num;
     wc
+}
+
+/// Whether `SQDISC_SPDK_VERIFY_BUFFERS=1` was in the environment when the process made its first qpair: then
+/// every send WR's source bytes are checksummed when SPDK flushes it and again when it is released, and a
+/// difference (SPDK reused a buffer the HCA could still read) is logged through `spdk_log`. For debug runs: it
+/// reads every byte sent twice.
+fn verify_buffers() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_VERIFY_BUFFERS").is_some_and(|v| v == "1"))
 }
 
 /// Finds the domain the new qpair's CQs and SRQ live in, or a new one; `None` if they are in different ones.
@@ -138,10 +147,10 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
         init.srq = attr.srq;
         init.cap = attr.cap;
         init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        // SAFETY: SPDK's rdma_cm layer, called as its verbs provider calls it.
-        let rc = unsafe { abi::spdk_rdma_cm_create_qp(cm_id, attr.pd, &mut init) };
+        // SAFETY: the connection manager, called as SPDK's verbs provider calls it.
+        let rc = unsafe { cm::create_qp(cm_id, attr.pd, &mut init) };
         if rc != 0 {
-            log_error(&format!("qp_create: spdk_rdma_cm_create_qp failed ({rc}, errno {})", std::io::Error::last_os_error()));
+            log_error(&format!("qp_create: {} failed ({rc}, errno {})", cm::name("create_qp"), std::io::Error::last_os_error()));
             return ptr::null_mut();
         }
         // SAFETY: `cm_id` is live; create_qp stored the new QP in it.
@@ -151,7 +160,7 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
             Err(msg) => {
                 log_error(&format!("qp_create: {msg}"));
                 // SAFETY: the QP made above, not yet seen by SPDK.
-                unsafe { abi::spdk_rdma_cm_destroy_qp(cm_id) };
+                unsafe { cm::destroy_qp(cm_id) };
                 return ptr::null_mut();
             }
         };
@@ -208,11 +217,11 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             signal_interval: 0,
             // SPDK never has more than max_send_wr WRs outstanding, so this is room for all it can post.
             backlog_depth: init.cap.max_send_wr,
-            verify_buffers: false,
+            verify_buffers: verify_buffers(),
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
-        let build = || {
+        let build = |config: QueueConfig| {
             let pending = pending.clone();
             let destroying = destroying.clone();
             // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs would have
@@ -220,6 +229,12 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
                 if c.never_posted() && !c.is_recv() && !destroying.get() {
                     pending.borrow_mut().push_back(flush_wc(c.wr_id, c.opcode, qp_num));
+                }
+                if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+                    log_error(&format!(
+                        "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
+                        c.modified_sge, c.wr_id, c.opcode
+                    ));
                 }
             }));
             // SAFETY: as above.
@@ -239,19 +254,37 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         let recvs = u64::from(config.rq_depth);
         let growth: [(u64, u64); 2] =
             if same { [(sends + recvs, 0), (srq_depth, 0)] } else { [(sends, recvs), (0, srq_depth)] };
+        // Where the CQ cannot grow (iWARP, some providers), the queue signals every WR instead (signal_interval
+        // 1) and reserves one CQE less, if that fits. It is safe: a marker is posted only to cover an unsignaled
+        // tail, and with every WR signaled there never is one, so the SQ depth alone bounds the CQEs of the
+        // sends, flushes included (every outstanding WQE flushes with one CQE, and sqdisc never has more than
+        // max_send_wr WQEs outstanding). That is the sizing of SPDK's NVMe host, 2 n CQEs for n sends and n
+        // receives; the host signals every SEND, so signaling every WR costs it nothing. A caller that leaves
+        // WRs unsignaled gets their completions too, hidden from it as moderation's are.
+        let mut config = config;
         let mut attempt = 0;
+        let mut cannot_grow: Option<String> = None;
         let queue = loop {
-            match build() {
+            match build(config) {
                 Ok(q) => break q,
-                Err(e) if e.errno() == libc::ENOSPC && attempt < growth.len() => {
+                Err(e) if e.errno() == libc::ENOSPC && cannot_grow.is_none() && attempt < growth.len() => {
                     let (on_send, on_recv) = growth[attempt];
-                    grow(send, on_send).map_err(|g| format!("{}; {g}", e.message()))?;
-                    if !same {
-                        grow(recv, on_recv).map_err(|g| format!("{}; {g}", e.message()))?;
+                    let grown = grow(send, on_send).and_then(|()| if same { Ok(()) } else { grow(recv, on_recv) });
+                    match grown {
+                        Ok(()) => attempt += 1,
+                        Err(g) if config.signal_interval != 1 => {
+                            config.signal_interval = 1;
+                            cannot_grow = Some(g);
+                        }
+                        Err(g) => return Err(format!("{}; {g}", e.message())),
                     }
-                    attempt += 1;
                 }
-                Err(e) => return Err(e.message().to_owned()),
+                Err(e) => {
+                    return Err(match &cannot_grow {
+                        Some(g) if e.errno() == libc::ENOSPC => format!("{}; {g}", e.message()),
+                        _ => e.message().to_owned(),
+                    })
+                }
             }
         };
         Ok(QpState { queue, qp_num, pending, destroying })
@@ -277,8 +310,8 @@ pub extern "C" fn spdk_rdma_provider_qp_accept(qp: *mut ProviderQp, conn_param: 
     crate::boundary(-libc::EINVAL, || {
         // SAFETY: SPDK passes its live qpair.
         let Some(s) = (unsafe { shim(qp) }) else { return -libc::EINVAL };
-        // SAFETY: SPDK's rdma_cm layer, as its verbs provider calls it.
-        unsafe { abi::spdk_rdma_cm_accept(s.public.cm_id, conn_param) }
+        // SAFETY: the connection manager, as SPDK's verbs provider calls it.
+        unsafe { cm::accept(s.public.cm_id, conn_param) }
     })
 }
 
@@ -295,9 +328,9 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
         if s.public.cm_id.is_null() {
             return 0;
         }
-        // SAFETY: SPDK's rdma_cm layer; for IB and RoCE it moves the QP to the error state, so every WR still
+        // SAFETY: the connection manager; for IB and RoCE it moves the QP to the error state, so every WR still
         // outstanding flushes with its own completion, which the queue reaps and passes on.
-        let rc = unsafe { abi::spdk_rdma_cm_disconnect(s.public.cm_id) };
+        let rc = unsafe { cm::disconnect(s.public.cm_id) };
         if rc != 0 {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
             // SAFETY: a live QP's context and device, field reads.
@@ -306,7 +339,7 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
             if errno == libc::EINVAL && iwarp {
                 return 0;
             }
-            log_error(&format!("qp_disconnect: spdk_rdma_cm_disconnect failed (errno {errno})"));
+            log_error(&format!("qp_disconnect: {} failed (errno {errno})", cm::name("disconnect")));
         }
         rc
     })
@@ -337,9 +370,9 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
             });
         }
         if !s.public.qp.is_null() {
-            // SAFETY: SPDK's rdma_cm layer destroys the QP it made for this qpair, once. Providers discard the
+            // SAFETY: the connection manager destroys the QP it made for this qpair, once. Providers discard the
             // CQEs of a destroyed QP that are still in its CQs (mlx5, the software HCA).
-            unsafe { abi::spdk_rdma_cm_destroy_qp(s.public.cm_id) };
+            unsafe { cm::destroy_qp(s.public.cm_id) };
         }
         if let Some(state) = state {
             let domain = state.domain().clone();

@@ -202,9 +202,10 @@ pub struct QueuePlan {
 }
 
 /// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
-/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives). Compare with the device's
-/// `max_cqe`: a CQ the device clamps below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when
-/// queues receive through managed SRQs on the CQ, use `sqd_cq_depth_for_srqs`.
+/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
+/// 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+/// below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
+/// on the CQ, use `sqd_cq_depth_for_srqs`.
 ///
 /// Returns 0 and stores the depth in `*out`, or `-EINVAL` (NULL `out`, NULL `plans` with `n > 0`),
 /// `-EOVERFLOW` (the depth does not fit in 64 bits).

@@ -67,8 +67,9 @@ pub struct QueueAttr {
 /// `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
 ///
 /// The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
-/// with its own CQE on QP error, plus a drain marker) and `rq_depth` on the receive CQ. If that does not fit in
-/// what the CQ has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
+/// with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
+/// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+/// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
 /// Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
 /// a time, the one that uses the queue's CQs.
