@@ -42,6 +42,14 @@
 #define SQD_COMPLETION_BUFFER_MODIFIED 16
 
 /**
+ * The queue accepted the WR, but the provider's `post_send` refused it when the library posted it (from the
+ * backlog, or a deferred LocalInv at its barrier): it never reached the HCA (`SQD_COMPLETION_NEVER_POSTED` is
+ * set too), `status` is `IBV_WC_LOC_QP_OP_ERR` and `vendor_err` holds the provider's errno. The queue stays
+ * open and the WRs behind it are posted; `sqd_queue_stats` counts it and `sqd_queue_last_refusal` describes it.
+ */
+#define SQD_COMPLETION_REFUSED 32
+
+/**
  * `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
  * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
  * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
@@ -158,7 +166,8 @@ struct sqd_completion {
      */
     uint64_t wr_id;
     /**
-     * An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, or `IBV_WC_WR_FLUSH_ERR`.
+     * An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, `IBV_WC_WR_FLUSH_ERR`, or
+     * `IBV_WC_LOC_QP_OP_ERR` for a WR the provider refused (`SQD_COMPLETION_REFUSED`).
      */
     uint32_t status;
     /**
@@ -167,7 +176,7 @@ struct sqd_completion {
      */
     uint32_t opcode;
     /**
-     * The vendor error of the WR's own error CQE, else 0.
+     * The vendor error of the WR's own error CQE; with `SQD_COMPLETION_REFUSED`, the provider's errno; else 0.
      */
     uint32_t vendor_err;
     /**
@@ -361,6 +370,15 @@ struct sqd_queue_stats {
      * their SGE and inline storage, verification storage). Allocated once, at creation.
      */
     uint64_t bytes;
+    /**
+     * Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
+     * deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
+     */
+    uint64_t provider_refused;
+    /**
+     * The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+     */
+    uint32_t provider_refused_errno;
 };
 
 /**
@@ -606,9 +624,18 @@ int32_t sqd_queue_free(struct sqd_queue *q);
  * On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
  * were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
  * opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
- * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
- * slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
- * negated errno.
+ * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
+ * do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
+ * `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+ * draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
+ * is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
+ *
+ * A backlogged WR is posted later, by a poll; if the provider's `post_send` refuses it then (a WR these
+ * checks accept but the provider does not support), it is not retried: it is released, after the WRs
+ * posted before it, with `IBV_WC_LOC_QP_OP_ERR`, `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and
+ * the provider's errno in `vendor_err`; `sqd_queue_stats` counts it (`provider_refused`,
+ * `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
+ * queue stays open and the WRs behind it are posted in order.
  */
 int32_t sqd_post_send(struct sqd_queue *q,
                       struct ibv_send_wr *wr,
@@ -648,6 +675,16 @@ int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
  * posted).
  */
 int32_t sqd_queue_drain(struct sqd_queue *q);
+
+/**
+ * Copies the description of the newest WR the provider refused after the queue had accepted it (see
+ * `sqd_post_send` and `SQD_COMPLETION_REFUSED`: which WR, the errno, what became of it) into `buf`, as a
+ * NUL-terminated string cut to `len - 1` bytes; nothing is written when `len` is 0.
+ *
+ * Returns the length of the whole description (without the NUL; 0 and an empty string when the provider
+ * refused nothing so far), or `-EINVAL` (NULL `q`, NULL `buf` with `len` > 0).
+ */
+int32_t sqd_queue_last_refusal(const struct sqd_queue *q, char *buf, size_t len);
 
 /**
  * Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).

@@ -6,8 +6,8 @@ use std::rc::Rc;
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
-use crate::discipline::check::{check_inline, check_shape, Limits};
-use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
+use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, Limits};
+use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
@@ -159,6 +159,11 @@ pub struct QueueStats {
     /// Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
     /// their SGE and inline storage, verification storage). Allocated once, at creation.
     pub bytes: u64,
+    /// Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
+    /// deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
+    pub provider_refused: u64,
+    /// The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+    pub provider_refused_errno: u32,
 }
 
 pub(crate) enum CqeFate {
@@ -179,6 +184,8 @@ struct QueueState {
     verify: Option<VerifyStore>,
     verify_mismatches: u64,
     doorbells: u64,
+    /// What the provider refused last, after the queue had accepted it (see `Queue::last_refusal`).
+    last_refusal: Option<String>,
 }
 
 pub(crate) struct QueueShared {
@@ -388,6 +395,7 @@ impl Queue {
                     .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
                 verify_mismatches: 0,
                 doorbells: 0,
+                last_refusal: None,
             }),
             posted_since_poll: Cell::new(false),
             watched: Cell::new(false),
@@ -515,6 +523,12 @@ impl Queue {
         self.shared.stats()
     }
 
+    /// What the provider refused last after the queue had accepted it (a parked WR when the library posted it,
+    /// or a deferred LocalInv): which WR, the errno and what became of it. `None` if nothing was refused so far.
+    pub fn last_refusal(&self) -> Option<String> {
+        self.shared.state.borrow().last_refusal.clone()
+    }
+
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num()
     }
@@ -624,6 +638,11 @@ impl QueueShared {
             let checked = check_shape(&shape, &self.limits).and_then(|op| {
                 if shape.send_flags & SEND_INLINE != 0 {
                     check_inline(w.total_len(), &self.limits)?;
+                }
+                if is_atomic(shape.opcode) {
+                    check_atomic(w.total_len(), w.atomic_remote_addr())?;
+                } else if shape.opcode == WR_BIND_MW {
+                    check_bind_mw(w.bind_mw_is_null())?;
                 }
                 Ok(op)
             });
@@ -941,15 +960,19 @@ impl QueueShared {
                     } else {
                         Ok(0)
                     };
+                    if pumped.is_err() {
+                        st.describe_refused_front();
+                    }
                     if st.send.has_unsignaled_tail() && !self.watched.get() {
                         self.watched.set(true);
                         self.posted_since_poll.set(true);
                         self.send_cq.watch(self.send_index);
                     }
-                    // Parked WRs released as never posted become due only when the ring is empty; anything
-                    // else due now was produced by the pump (nothing) or by callbacks (picked up above).
-                    let more = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
-                    if !more || pumped.is_err() {
+                    // Parked WRs released as never posted, and a parked WR the provider refused, become due only
+                    // when the ring is empty; anything else due now was produced by the pump (nothing) or by
+                    // callbacks (picked up above). After a refused WR's release the pump goes on behind it.
+                    let flushing = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
+                    if !flushing && !st.send.refused_release_due() {
                         break;
                     }
                 }
@@ -1027,9 +1050,16 @@ impl QueueShared {
                         match self.qp.post_local_inv(token, rkey, fence) {
                             Ok(()) => None,
                             Err(errno) => {
-                                // The provider refused it: nothing reached the HCA; report it as never posted.
+                                // The provider refused it: nothing reached the HCA; report it as refused.
                                 st.send.rollback(1, true);
-                                Some(st.finish_op(never_posted(errno as u32)))
+                                st.send.note_provider_refusal(errno);
+                                let wr_id = st.ops[id as usize].as_ref().map_or(0, |o| o.wr_id);
+                                let what = format!("the deferred LocalInv of sqd_invalidate wr_id {wr_id:#x}");
+                                st.last_refusal = Some(refusal_message(&what, errno));
+                                let mut c = never_posted(errno as u32);
+                                c.status = crate::discipline::opcode::WC_LOC_QP_OP_ERR as u32;
+                                c.flags |= crate::completion::SQD_COMPLETION_REFUSED;
+                                Some(st.finish_op(c))
                             }
                         }
                     }
@@ -1121,7 +1151,11 @@ impl QueueShared {
         } else {
             Err(Error::new(
                 libc::EINPROGRESS,
-                format!("drain in progress: {sends} send WR(s) and {recvs} receive(s) not yet released; poll the CQ and call again"),
+                format!(
+                    "drain in progress: {sends} send WR(s) and {recvs} receive(s) not yet released, {} WQE(s) with the \
+                     provider; poll the CQ and call again",
+                    st.send.in_provider()
+                ),
             ))
         }
     }
@@ -1139,7 +1173,11 @@ impl QueueShared {
         if sends > 0 || recvs > 0 || st.send.in_provider() > 0 {
             return Err(Error::new(
                 libc::EBUSY,
-                format!("the queue has {sends} send WR(s) and {recvs} receive(s) not yet released; poll (or drain) first"),
+                format!(
+                    "the queue has {sends} send WR(s) and {recvs} receive(s) not yet released, {} WQE(s) with the \
+                     provider; poll (or drain) first",
+                    st.send.in_provider()
+                ),
             ));
         }
         // A QP on an SRQ may have consumed receives whose completions are still to come: the last-WQE-reached
@@ -1211,8 +1249,19 @@ impl QueueShared {
             teardown_failures: st.teardown_failures,
             verify_mismatches: st.verify_mismatches,
             bytes,
+            provider_refused: c.provider_refused,
+            provider_refused_errno: c.provider_refused_errno,
         }
     }
+}
+
+/// The description of a WR the provider refused after the queue accepted it.
+fn refusal_message(what: &str, errno: i32) -> String {
+    format!(
+        "the provider's post_send refused {what} with errno {errno} ({}); it is released with IBV_WC_LOC_QP_OP_ERR and \
+         SQD_COMPLETION_REFUSED after the WRs posted before it, and the queue goes on with the WRs behind it",
+        std::io::Error::from_raw_os_error(errno)
+    )
 }
 
 /// The release of a posted WR whose slot the ring just gave up (as `Completion::from` a `Release` of it).
@@ -1252,6 +1301,19 @@ impl QueueState {
         if let Some(v) = &mut self.verify {
             v.record(now - 1, w);
         }
+    }
+
+    /// Records the message of the refused oldest parked WR (the pump just stopped at it).
+    #[cold]
+    fn describe_refused_front(&mut self) {
+        let Some((id, op, errno)) = self.send.refused_front() else { return };
+        let what = if op {
+            let wr_id = self.ops.get(id as usize).and_then(|o| o.as_ref()).map_or(0, |o| o.wr_id);
+            format!("the parked LocalInv of sqd_invalidate wr_id {wr_id:#x}")
+        } else {
+            format!("the parked WR wr_id {id:#x}")
+        };
+        self.last_refusal = Some(refusal_message(&what, errno));
     }
 
     /// The provider refused WRs: uses recorded for them point past what is accepted now.

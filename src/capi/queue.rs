@@ -175,9 +175,18 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 /// On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
 /// were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
 /// opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
-/// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
-/// slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
-/// negated errno.
+/// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
+/// do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
+/// `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+/// draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
+/// is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
+///
+/// A backlogged WR is posted later, by a poll; if the provider's `post_send` refuses it then (a WR these
+/// checks accept but the provider does not support), it is not retried: it is released, after the WRs
+/// posted before it, with `IBV_WC_LOC_QP_OP_ERR`, `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and
+/// the provider's errno in `vendor_err`; `sqd_queue_stats` counts it (`provider_refused`,
+/// `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
+/// queue stays open and the WRs behind it are posted in order.
 #[no_mangle]
 pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
     ffi_boundary!({
@@ -269,6 +278,33 @@ pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
         let q = try_ref!(q, "q");
         let _held = q.lock().map(|l| l.lock());
         status(q.drain())
+    })
+}
+
+/// Copies the description of the newest WR the provider refused after the queue had accepted it (see
+/// `sqd_post_send` and `SQD_COMPLETION_REFUSED`: which WR, the errno, what became of it) into `buf`, as a
+/// NUL-terminated string cut to `len - 1` bytes; nothing is written when `len` is 0.
+///
+/// Returns the length of the whole description (without the NUL; 0 and an empty string when the provider
+/// refused nothing so far), or `-EINVAL` (NULL `q`, NULL `buf` with `len` > 0).
+#[no_mangle]
+pub extern "C" fn sqd_queue_last_refusal(q: *const Queue, buf: *mut std::ffi::c_char, len: usize) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
+        if buf.is_null() && len > 0 {
+            return fail(&Error::invalid("buf is NULL and len is not 0"));
+        }
+        let text = q.last_refusal().unwrap_or_default();
+        if len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: the caller promises `buf` holds `len` writable bytes; `n < len`.
+            unsafe {
+                ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        i32::try_from(text.len()).unwrap_or(i32::MAX)
     })
 }
 

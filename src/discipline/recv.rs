@@ -111,6 +111,7 @@ impl RecvState {
             never_posted: false,
             op: false,
             remote_inv,
+            refused: false,
         })
     }
 }
