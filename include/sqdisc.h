@@ -20,8 +20,9 @@
 #define SQD_COMPLETION_IMPLIED 1
 
 /**
- * The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
- * `IBV_WC_WR_FLUSH_ERR`.
+ * The WR was never executed: a send WR still in the backlog when the queue failed or drained, or a receive
+ * `sqd_srq_release_all` took back (status `IBV_WC_WR_FLUSH_ERR`); or a send WR the provider's `post_send`
+ * refused (with `SQD_COMPLETION_REFUSED`).
  */
 #define SQD_COMPLETION_NEVER_POSTED 2
 
@@ -601,7 +602,8 @@ int32_t sqd_queue_new(struct sqd_cq *send_cq,
  * Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
  *
  * Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
- * receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+ * receives are outstanding (not yet released: poll, or drain, first) or the provider still holds a WQE of the
+ * queue (a marker of the library's whose completion is not polled yet), while a QP on an SRQ may still
  * consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
  * (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
  * CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
@@ -670,9 +672,10 @@ int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
  * (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
  * (flush) completions arrive. The call never blocks.
  *
- * Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
- * still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
- * posted).
+ * Returns 0 when every WR and receive is released and the provider holds none of the queue's WQEs (the
+ * library's markers included: the queue may then be freed), `-EINPROGRESS` while completions are still to be
+ * polled (poll the CQ, then call again; the message says what is left), `-EINVAL` (NULL), or `-EIO` (the
+ * marker could not be posted).
  */
 int32_t sqd_queue_drain(struct sqd_queue *q);
 
@@ -701,7 +704,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
  * that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
  * NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
- * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+ * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+ * `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
+ * `post_send` refused the LocalInv). Once `done` reports success, no
  * remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
  * LocalInv unless it had been posted by then: use `done`.
  *

@@ -27,8 +27,9 @@ pub struct Completion {
 
 /// The WR was retired by a later signaled completion, not a CQE of its own.
 pub const SQD_COMPLETION_IMPLIED: u32 = 1;
-/// The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
-/// `IBV_WC_WR_FLUSH_ERR`.
+/// The WR was never executed: a send WR still in the backlog when the queue failed or drained, or a receive
+/// `sqd_srq_release_all` took back (status `IBV_WC_WR_FLUSH_ERR`); or a send WR the provider's `post_send`
+/// refused (with `SQD_COMPLETION_REFUSED`).
 pub const SQD_COMPLETION_NEVER_POSTED: u32 = 2;
 /// The WR was a receive (posted with `sqd_post_recv`).
 pub const SQD_COMPLETION_RECV: u32 = 4;

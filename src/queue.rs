@@ -417,7 +417,12 @@ impl Queue {
     /// wr_id and, when the policy says so, `IBV_SEND_SIGNALED`) or parked in the backlog; the WRs posted by one
     /// call go to the provider in runs of up to 64 per doorbell. The chain is restored exactly before the call returns.
     ///
-    /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not.
+    /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not. Atomics whose SGEs are not
+    /// exactly 8 bytes or whose remote address is not 8-byte aligned, and BIND_MWs without a window, are refused
+    /// (`EINVAL`) before anything is posted or parked. A parked WR the provider refuses when the library posts it
+    /// is released, after the WRs posted before it, with `IBV_WC_LOC_QP_OP_ERR`,
+    /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` (see
+    /// [`Queue::last_refusal`]); the WRs behind it are posted.
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         self.shared.post_send(chain)
     }
@@ -476,7 +481,9 @@ impl Queue {
     /// LocalInv is not ordered behind earlier WRs, IBA Table 79 'L'); in `Fenced` mode it is posted now with the
     /// Local Invalidate Fence. The LocalInv is signaled and never shown by poll; when it has completed, `done`
     /// receives a `Completion` with `wr_id`, opcode `IBV_WC_LOCAL_INV` and its status (`IBV_WC_WR_FLUSH_ERR` and
-    /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first).
+    /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+    /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` when the provider
+    /// refused it).
     pub fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
         self.shared.invalidate(rkey, mode, wr_id, done)
     }
@@ -484,7 +491,8 @@ impl Queue {
     /// Brings the queue to "everything released": stops taking WRs, covers an unsignaled tail with a marker so
     /// the CQ proves every posted WR done (or flushed, when the ULP moved the QP to the error state), and
     /// releases parked WRs as never posted once the posted ones are released. Returns `Ok` when everything is
-    /// released; `EINPROGRESS` while completions are still to be polled (call again after polling).
+    /// released and the provider holds none of the queue's WQEs (markers included); `EINPROGRESS` while
+    /// completions are still to be polled (call again after polling).
     pub fn drain(&self) -> Result<()> {
         self.shared.drain()
     }

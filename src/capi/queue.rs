@@ -139,7 +139,8 @@ pub extern "C" fn sqd_queue_new(
 /// Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
 ///
 /// Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
-/// receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+/// receives are outstanding (not yet released: poll, or drain, first) or the provider still holds a WQE of the
+/// queue (a marker of the library's whose completion is not polled yet), while a QP on an SRQ may still
 /// consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
 /// (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
 /// CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
@@ -269,9 +270,10 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
 /// (`SQD_COMPLETION_NEVER_POSTED`, `IBV_WC_WR_FLUSH_ERR`) after the posted ones. Receives are released as their
 /// (flush) completions arrive. The call never blocks.
 ///
-/// Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
-/// still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
-/// posted).
+/// Returns 0 when every WR and receive is released and the provider holds none of the queue's WQEs (the
+/// library's markers included: the queue may then be freed), `-EINPROGRESS` while completions are still to be
+/// polled (poll the CQ, then call again; the message says what is left), `-EINVAL` (NULL), or `-EIO` (the
+/// marker could not be posted).
 #[no_mangle]
 pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
     ffi_boundary!({
@@ -329,7 +331,9 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
 /// that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
 /// NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
-/// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+/// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+/// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
+/// `post_send` refused the LocalInv). Once `done` reports success, no
 /// remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
 /// LocalInv unless it had been posted by then: use `done`.
 ///
