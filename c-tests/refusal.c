@@ -144,6 +144,23 @@ static void a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it(
     no_violations(the_rig);
 }
 
+static void after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted(void)
+{
+    struct mq *m = rig1((struct qcfg){.sq_depth = 16, .signal_interval = 8}, 64);
+    CHECK_EQ(sqd_scripted_refuse_opcode(m->qp, IBV_WR_RDMA_READ, EINVAL), 0);
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(sqd_post_send(m->q, sends_with_read(0, 5, 3, 0)->wr, &bad), -EINVAL);
+    CHECK(bad == &ch.wr[3]);
+    /* 0..2 form an unsignaled run of 3: with interval 8, the fifth WR of the next post is the 8th in a row. */
+    CHECK_EQ(sqd_post_send(m->q, sends_with_read(3, 8, 99, 0)->wr, &bad), 0);
+    CHECK_EQ(dstats(m).wqes_posted, 8);
+    for (size_t i = 0; i < 8; i++)
+        CHECK_EQ(!!(wqe(m, i).send_flags & IBV_SEND_SIGNALED), i == 7);
+    drive(the_rig, m, 8);
+    released_in_order(m, 0, 8);
+    no_violations(the_rig);
+}
+
 static struct sqd_completion done_seen[4];
 static int done_count;
 
@@ -255,6 +272,8 @@ int main(void)
         a_backlogged_wr_the_provider_refuses_is_released_refused_and_the_rest_flow);
     run("a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it",
         a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it);
+    run("after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted",
+        after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted);
     run("a_deferred_local_inv_the_provider_refuses_reports_it", a_deferred_local_inv_the_provider_refuses_reports_it);
     run("wrs_every_provider_refuses_are_refused_at_post", wrs_every_provider_refuses_are_refused_at_post);
     run("drain_is_not_done_while_its_marker_is_with_the_provider",
