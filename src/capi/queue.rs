@@ -182,8 +182,9 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 /// draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
 /// is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
 ///
-/// A backlogged WR is posted later, by a poll; if the provider's `post_send` refuses it then (a WR these
-/// checks accept but the provider does not support), it is not retried: it is released, after the WRs
+/// A backlogged WR is posted later, as completions free slots (within `sqd_cq_poll`, or any call that hands out
+/// releases); if the provider's `post_send` refuses it then (a WR these checks accept but the provider does not
+/// support), it is not retried: it is released, after the WRs
 /// posted before it, with `IBV_WC_LOC_QP_OP_ERR`, `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and
 /// the provider's errno in `vendor_err`; `sqd_queue_stats` counts it (`provider_refused`,
 /// `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
