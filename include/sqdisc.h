@@ -20,8 +20,9 @@
 #define SQD_COMPLETION_IMPLIED 1
 
 /**
- * The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
- * `IBV_WC_WR_FLUSH_ERR`.
+ * The WR was never executed: a send WR still in the backlog when the queue failed or drained, or a receive
+ * `sqd_srq_release_all` took back (status `IBV_WC_WR_FLUSH_ERR`); or a send WR the provider's `post_send`
+ * refused (with `SQD_COMPLETION_REFUSED`).
  */
 #define SQD_COMPLETION_NEVER_POSTED 2
 
@@ -40,6 +41,14 @@
  * and the release: the ULP wrote into a buffer the HCA could still read.
  */
 #define SQD_COMPLETION_BUFFER_MODIFIED 16
+
+/**
+ * The queue accepted the WR, but the provider's `post_send` refused it when the library posted it (from the
+ * backlog, or a deferred LocalInv at its barrier): it never reached the HCA (`SQD_COMPLETION_NEVER_POSTED` is
+ * set too), `status` is `IBV_WC_LOC_QP_OP_ERR` and `vendor_err` holds the provider's errno. The queue stays
+ * open and the WRs behind it are posted; `sqd_queue_stats` counts it and `sqd_queue_last_refusal` describes it.
+ */
+#define SQD_COMPLETION_REFUSED 32
 
 /**
  * `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
@@ -160,7 +169,8 @@ struct sqd_completion {
      */
     uint64_t wr_id;
     /**
-     * An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, or `IBV_WC_WR_FLUSH_ERR`.
+     * An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, `IBV_WC_WR_FLUSH_ERR`, or
+     * `IBV_WC_LOC_QP_OP_ERR` for a WR the provider refused (`SQD_COMPLETION_REFUSED`).
      */
     uint32_t status;
     /**
@@ -169,7 +179,7 @@ struct sqd_completion {
      */
     uint32_t opcode;
     /**
-     * The vendor error of the WR's own error CQE, else 0.
+     * The vendor error of the WR's own error CQE; with `SQD_COMPLETION_REFUSED`, the provider's errno; else 0.
      */
     uint32_t vendor_err;
     /**
@@ -366,6 +376,15 @@ struct sqd_queue_stats {
      * their SGE and inline storage, verification storage). Allocated once, at creation.
      */
     uint64_t bytes;
+    /**
+     * Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
+     * deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
+     */
+    uint64_t provider_refused;
+    /**
+     * The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+     */
+    uint32_t provider_refused_errno;
 };
 
 /**
@@ -611,7 +630,8 @@ int32_t sqd_queue_new(struct sqd_cq *send_cq,
  * Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
  *
  * Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
- * receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+ * receives are outstanding (not yet released: poll, or drain, first) or the provider still holds a WQE of the
+ * queue (a marker of the library's whose completion is not polled yet), while a QP on an SRQ may still
  * consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
  * (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
  * CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
@@ -634,9 +654,19 @@ int32_t sqd_queue_free(struct sqd_queue *q);
  * On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
  * were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
  * opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
- * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
- * slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
- * negated errno.
+ * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
+ * do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
+ * `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+ * draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
+ * is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
+ *
+ * A backlogged WR is posted later, as completions free slots (within `sqd_cq_poll`, or any call that hands out
+ * releases); if the provider's `post_send` refuses it then (a WR these checks accept but the provider does not
+ * support), it is not retried: it is released, after the WRs
+ * posted before it, with `IBV_WC_LOC_QP_OP_ERR`, `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and
+ * the provider's errno in `vendor_err`; `sqd_queue_stats` counts it (`provider_refused`,
+ * `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
+ * queue stays open and the WRs behind it are posted in order.
  */
 int32_t sqd_post_send(struct sqd_queue *q,
                       struct ibv_send_wr *wr,
@@ -674,11 +704,22 @@ int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
  * `SQD_COMPLETION_NEVER_POSTED`, and their rkey was never invalidated, so it stays valid. The call never
  * blocks.
  *
- * Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
- * still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
- * posted).
+ * Returns 0 when every WR and receive is released and the provider holds none of the queue's WQEs (the
+ * library's markers included: the queue may then be freed), `-EINPROGRESS` while completions are still to be
+ * polled (poll the CQ, then call again; the message says what is left), `-EINVAL` (NULL), or `-EIO` (the
+ * marker could not be posted).
  */
 int32_t sqd_queue_drain(struct sqd_queue *q);
+
+/**
+ * Copies the description of the newest WR the provider refused after the queue had accepted it (see
+ * `sqd_post_send` and `SQD_COMPLETION_REFUSED`: which WR, the errno, what became of it) into `buf`, as a
+ * NUL-terminated string cut to `len - 1` bytes; nothing is written when `len` is 0.
+ *
+ * Returns the length of the whole description (without the NUL; 0 and an empty string when the provider
+ * refused nothing so far), or `-EINVAL` (NULL `q`, NULL `buf` with `len` > 0).
+ */
+int32_t sqd_queue_last_refusal(const struct sqd_queue *q, char *buf, size_t len);
 
 /**
  * Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
@@ -695,7 +736,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
  * that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
  * NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
- * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+ * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+ * `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
+ * `post_send` refused the LocalInv). Once `done` reports success, no
  * remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
  * LocalInv unless it had been posted by then: use `done`.
  *

@@ -8,12 +8,13 @@
 pub struct Completion {
     /// The ULP's own wr_id.
     pub wr_id: u64,
-    /// An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, or `IBV_WC_WR_FLUSH_ERR`.
+    /// An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, `IBV_WC_WR_FLUSH_ERR`, or
+    /// `IBV_WC_LOC_QP_OP_ERR` for a WR the provider refused (`SQD_COMPLETION_REFUSED`).
     pub status: u32,
     /// An `enum ibv_wc_opcode` value taken from the WR as posted (valid even on error); for receives, the CQE's
     /// opcode on success and `IBV_WC_RECV` otherwise.
     pub opcode: u32,
-    /// The vendor error of the WR's own error CQE, else 0.
+    /// The vendor error of the WR's own error CQE; with `SQD_COMPLETION_REFUSED`, the provider's errno; else 0.
     pub vendor_err: u32,
     /// `SQD_COMPLETION_*` bits.
     pub flags: u32,
@@ -26,8 +27,9 @@ pub struct Completion {
 
 /// The WR was retired by a later signaled completion, not a CQE of its own.
 pub const SQD_COMPLETION_IMPLIED: u32 = 1;
-/// The WR waited in the backlog and never reached the HCA (queue failed or drained); status is
-/// `IBV_WC_WR_FLUSH_ERR`.
+/// The WR was never executed: a send WR still in the backlog when the queue failed or drained, or a receive
+/// `sqd_srq_release_all` took back (status `IBV_WC_WR_FLUSH_ERR`); or a send WR the provider's `post_send`
+/// refused (with `SQD_COMPLETION_REFUSED`).
 pub const SQD_COMPLETION_NEVER_POSTED: u32 = 2;
 /// The WR was a receive (posted with `sqd_post_recv`).
 pub const SQD_COMPLETION_RECV: u32 = 4;
@@ -36,6 +38,11 @@ pub const SQD_COMPLETION_REMOTE_INV: u32 = 8;
 /// Buffer verification (`SQD_QUEUE_VERIFY_BUFFERS`) found bytes of SGE `modified_sge` changed between the post
 /// and the release: the ULP wrote into a buffer the HCA could still read.
 pub const SQD_COMPLETION_BUFFER_MODIFIED: u32 = 16;
+/// The queue accepted the WR, but the provider's `post_send` refused it when the library posted it (from the
+/// backlog, or a deferred LocalInv at its barrier): it never reached the HCA (`SQD_COMPLETION_NEVER_POSTED` is
+/// set too), `status` is `IBV_WC_LOC_QP_OP_ERR` and `vendor_err` holds the provider's errno. The queue stays
+/// open and the WRs behind it are posted; `sqd_queue_stats` counts it and `sqd_queue_last_refusal` describes it.
+pub const SQD_COMPLETION_REFUSED: u32 = 32;
 
 impl Completion {
     pub fn is_implied(&self) -> bool {
@@ -57,6 +64,9 @@ impl From<(crate::discipline::Release, bool)> for Completion {
         }
         if r.never_posted {
             flags |= SQD_COMPLETION_NEVER_POSTED;
+        }
+        if r.refused {
+            flags |= SQD_COMPLETION_REFUSED;
         }
         if recv {
             flags |= SQD_COMPLETION_RECV;

@@ -23,7 +23,7 @@ mod capi;
 
 pub use completion::{
     Completion, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED, SQD_COMPLETION_RECV,
-    SQD_COMPLETION_REMOTE_INV,
+    SQD_COMPLETION_REFUSED, SQD_COMPLETION_REMOTE_INV,
 };
 pub use cq::{Cq, CqStats};
 pub use error::{Error, Result};

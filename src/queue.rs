@@ -6,9 +6,9 @@ use std::rc::Rc;
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
-use crate::discipline::check::{check_inline, check_shape, Limits};
+use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, Limits};
 use crate::discipline::late::RetiredQueue;
-use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
+use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
@@ -166,6 +166,11 @@ pub struct QueueStats {
     /// Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
     /// their SGE and inline storage, verification storage). Allocated once, at creation.
     pub bytes: u64,
+    /// Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
+    /// deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
+    pub provider_refused: u64,
+    /// The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+    pub provider_refused_errno: u32,
 }
 
 pub(crate) enum CqeFate {
@@ -186,6 +191,8 @@ struct QueueState {
     verify: Option<VerifyStore>,
     verify_mismatches: u64,
     doorbells: u64,
+    /// What the provider refused last, after the queue had accepted it (see `Queue::last_refusal`).
+    last_refusal: Option<String>,
 }
 
 pub(crate) struct QueueShared {
@@ -402,6 +409,7 @@ impl Queue {
                     .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
                 verify_mismatches: 0,
                 doorbells: 0,
+                last_refusal: None,
             }),
             posted_since_poll: Cell::new(false),
             watched: Cell::new(false),
@@ -423,7 +431,12 @@ impl Queue {
     /// wr_id and, when the policy says so, `IBV_SEND_SIGNALED`) or parked in the backlog; the WRs posted by one
     /// call go to the provider in runs of up to 64 per doorbell. The chain is restored exactly before the call returns.
     ///
-    /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not.
+    /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not. Atomics whose SGEs are not
+    /// exactly 8 bytes or whose remote address is not 8-byte aligned, and BIND_MWs without a window, are refused
+    /// (`EINVAL`) before anything is posted or parked. A parked WR the provider refuses when the library posts it
+    /// is released, after the WRs posted before it, with `IBV_WC_LOC_QP_OP_ERR`,
+    /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` (see
+    /// [`Queue::last_refusal`]); the WRs behind it are posted.
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         self.shared.post_send(chain)
     }
@@ -487,7 +500,9 @@ impl Queue {
     /// LocalInv is not ordered behind earlier WRs, IBA Table 79 'L'); in `Fenced` mode it is posted now with the
     /// Local Invalidate Fence. The LocalInv is signaled and never shown by poll; when it has completed, `done`
     /// receives a `Completion` with `wr_id`, opcode `IBV_WC_LOCAL_INV` and its status (`IBV_WC_WR_FLUSH_ERR` and
-    /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first).
+    /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+    /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` when the provider
+    /// refused it).
     pub fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
         self.shared.invalidate(rkey, mode, wr_id, done)
     }
@@ -495,7 +510,8 @@ impl Queue {
     /// Brings the queue to "everything released": stops taking WRs, covers an unsignaled tail with a marker so
     /// the CQ proves every posted WR done (or flushed, when the ULP moved the QP to the error state), and
     /// releases parked WRs as never posted once the posted ones are released. Returns `Ok` when everything is
-    /// released; `EINPROGRESS` while completions are still to be polled (call again after polling).
+    /// released and the provider holds none of the queue's WQEs (markers included); `EINPROGRESS` while
+    /// completions are still to be polled (call again after polling).
     pub fn drain(&self) -> Result<()> {
         self.shared.drain()
     }
@@ -532,6 +548,12 @@ impl Queue {
 
     pub fn stats(&self) -> QueueStats {
         self.shared.stats()
+    }
+
+    /// What the provider refused last after the queue had accepted it (a parked WR when the library posted it,
+    /// or a deferred LocalInv): which WR, the errno and what became of it. `None` if nothing was refused so far.
+    pub fn last_refusal(&self) -> Option<String> {
+        self.shared.state.borrow().last_refusal.clone()
     }
 
     pub fn qp_num(&self) -> u32 {
@@ -651,6 +673,11 @@ impl QueueShared {
             let checked = check_shape(&shape, &self.limits).and_then(|op| {
                 if shape.send_flags & SEND_INLINE != 0 {
                     check_inline(w.total_len(), &self.limits)?;
+                }
+                if is_atomic(shape.opcode) {
+                    check_atomic(w.total_len(), w.atomic_remote_addr())?;
+                } else if shape.opcode == WR_BIND_MW {
+                    check_bind_mw(w.bind_mw_is_null())?;
                 }
                 Ok(op)
             });
@@ -973,15 +1000,19 @@ impl QueueShared {
                     } else {
                         Ok(0)
                     };
+                    if pumped.is_err() {
+                        st.describe_refused_front();
+                    }
                     if st.send.has_unsignaled_tail() && !self.watched.get() {
                         self.watched.set(true);
                         self.posted_since_poll.set(true);
                         self.send_cq.watch(self.send_index);
                     }
-                    // Parked WRs released as never posted become due only when the ring is empty; anything
-                    // else due now was produced by the pump (nothing) or by callbacks (picked up above).
-                    let more = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
-                    if !more || pumped.is_err() {
+                    // Parked WRs released as never posted, and a parked WR the provider refused, become due only
+                    // when the ring is empty; anything else due now was produced by the pump (nothing) or by
+                    // callbacks (picked up above). After a refused WR's release the pump goes on behind it.
+                    let flushing = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
+                    if !flushing && !st.send.refused_release_due() {
                         break;
                     }
                 }
@@ -1059,9 +1090,16 @@ impl QueueShared {
                         match self.qp.post_local_inv(token, rkey, fence) {
                             Ok(()) => None,
                             Err(errno) => {
-                                // The provider refused it: nothing reached the HCA; report it as never posted.
+                                // The provider refused it: nothing reached the HCA; report it as refused.
                                 st.send.rollback(1, true);
-                                Some(st.finish_op(never_posted(errno as u32)))
+                                st.send.note_provider_refusal(errno);
+                                let wr_id = st.ops[id as usize].as_ref().map_or(0, |o| o.wr_id);
+                                let what = format!("the deferred LocalInv of sqd_invalidate wr_id {wr_id:#x}");
+                                st.last_refusal = Some(refusal_message(&what, errno));
+                                let mut c = never_posted(errno as u32);
+                                c.status = crate::discipline::opcode::WC_LOC_QP_OP_ERR as u32;
+                                c.flags |= crate::completion::SQD_COMPLETION_REFUSED;
+                                Some(st.finish_op(c))
                             }
                         }
                     }
@@ -1153,7 +1191,11 @@ impl QueueShared {
         } else {
             Err(Error::new(
                 libc::EINPROGRESS,
-                format!("drain in progress: {sends} send WR(s) and {recvs} receive(s) not yet released; poll the CQ and call again"),
+                format!(
+                    "drain in progress: {sends} send WR(s) and {recvs} receive(s) not yet released, {} WQE(s) with the \
+                     provider; poll the CQ and call again",
+                    st.send.in_provider()
+                ),
             ))
         }
     }
@@ -1171,7 +1213,11 @@ impl QueueShared {
         if sends > 0 || recvs > 0 || st.send.in_provider() > 0 {
             return Err(Error::new(
                 libc::EBUSY,
-                format!("the queue has {sends} send WR(s) and {recvs} receive(s) not yet released; poll (or drain) first"),
+                format!(
+                    "the queue has {sends} send WR(s) and {recvs} receive(s) not yet released, {} WQE(s) with the \
+                     provider; poll (or drain) first",
+                    st.send.in_provider()
+                ),
             ));
         }
         // A QP on an SRQ may have consumed receives whose completions are still to come: the last-WQE-reached
@@ -1243,8 +1289,19 @@ impl QueueShared {
             teardown_failures: st.teardown_failures,
             verify_mismatches: st.verify_mismatches,
             bytes,
+            provider_refused: c.provider_refused,
+            provider_refused_errno: c.provider_refused_errno,
         }
     }
+}
+
+/// The description of a WR the provider refused after the queue accepted it.
+fn refusal_message(what: &str, errno: i32) -> String {
+    format!(
+        "the provider's post_send refused {what} with errno {errno} ({}); it is released with IBV_WC_LOC_QP_OP_ERR and \
+         SQD_COMPLETION_REFUSED after the WRs posted before it, and the queue goes on with the WRs behind it",
+        std::io::Error::from_raw_os_error(errno)
+    )
 }
 
 /// The release of a posted WR whose slot the ring just gave up (as `Completion::from` a `Release` of it).
@@ -1284,6 +1341,19 @@ impl QueueState {
         if let Some(v) = &mut self.verify {
             v.record(now - 1, w);
         }
+    }
+
+    /// Records the message of the refused oldest parked WR (the pump just stopped at it).
+    #[cold]
+    fn describe_refused_front(&mut self) {
+        let Some((id, op, errno)) = self.send.refused_front() else { return };
+        let what = if op {
+            let wr_id = self.ops.get(id as usize).and_then(|o| o.as_ref()).map_or(0, |o| o.wr_id);
+            format!("the parked LocalInv of sqd_invalidate wr_id {wr_id:#x}")
+        } else {
+            format!("the parked WR wr_id {id:#x}")
+        };
+        self.last_refusal = Some(refusal_message(&what, errno));
     }
 
     /// The provider refused WRs: uses recorded for them point past what is accepted now.

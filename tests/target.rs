@@ -60,6 +60,32 @@ impl Rng {
     }
 }
 
+/// Ends a loop that stopped making progress, fast and with a message, instead of letting a liveness bug spin it
+/// through millions of turns: `check` fails once `limit` turns in a row saw the same progress measure.
+struct Progress {
+    last: u64,
+    idle: u64,
+    limit: u64,
+}
+
+impl Progress {
+    fn new(limit: u64) -> Progress {
+        Progress { last: u64::MAX, idle: 0, limit }
+    }
+
+    /// `now` is a measure that grows with every step of useful work (WRs posted, completed, released...).
+    #[track_caller]
+    fn check(&mut self, now: u64, state: impl FnOnce() -> String) {
+        if now != self.last {
+            self.last = now;
+            self.idle = 0;
+            return;
+        }
+        self.idle += 1;
+        assert!(self.idle < self.limit, "no progress in {} turns of the loop: {}", self.limit, state());
+    }
+}
+
 fn reg(dev: &SimDevice, buf: &Buf) -> (u32, u32) {
     // SAFETY: every buffer outlives the device that registered it (declared before it in each test).
     mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap())
@@ -425,11 +451,23 @@ fn target_run(seed: u64, per_conn: u64) -> TargetReport {
             }
         })
     };
-    let mut iterations = 0u64;
     let mut visible_flushes = 0u64;
+    let mut progress = Progress::new(20_000);
     while !done(&inis, &queues) {
-        iterations += 1;
-        assert!(iterations < 2_000_000, "seed {seed}: no end in sight");
+        let released: u64 = queues.iter().flatten().map(|q| q.stats().released).sum();
+        let initiators: u64 = inis.iter().map(|i| i.issued + i.sends_done + i.resps_done + i.failed as u64).sum();
+        let events = last_wqe.iter().chain(&fatal_seen).filter(|&&b| b).count() as u64;
+        progress.check(released + initiators + events + visible_flushes + triggered as u64, || {
+            let queues: Vec<String> = queues
+                .iter()
+                .flatten()
+                .map(|q| {
+                    let s = q.stats();
+                    format!("{}/{} released, backlog {}, in_provider {}, closed {}", s.released, s.accepted, s.backlog, s.in_provider, s.closed)
+                })
+                .collect();
+            format!("seed {seed}: target queues {queues:?}")
+        });
         // Initiators issue commands while their window allows.
         for (k, ini) in inis.iter_mut().enumerate() {
             while !ini.failed && ini.issued < per_conn && ini.issued < ini.sends_done.min(ini.resps_done) + WINDOW {
@@ -697,6 +735,7 @@ fn ten_thousand_queues_on_one_managed_cq() {
     let (mut accepted, mut asked) = (0u64, 0u64);
     let mut visible = 0u64;
     let mut polls = 0u64;
+    let mut progress = Progress::new(10_000);
     for round in 0..rounds {
         for (k, q) in queues.iter().enumerate() {
             // The last WR of every chain of every other queue is signaled by the ULP: raw verbs would show it.
@@ -726,7 +765,10 @@ fn ten_thousand_queues_on_one_managed_cq() {
             if next.iter().all(|c| c.get() == target) {
                 break;
             }
-            assert!(polls < 1_000_000, "no end in sight");
+            progress.check(next.iter().map(|c| c.get()).sum::<u64>() + visible, || {
+                let stuck = next.iter().position(|c| c.get() != target).unwrap_or(0);
+                format!("round {round}: queue {stuck} released {} of {target}: {:?}", next[stuck].get(), queues[stuck].stats())
+            });
         }
     }
     let t_traffic = t2.elapsed();
@@ -1420,11 +1462,15 @@ fn srq_run(seed: u64, refill: bool, per_sender: u64) -> SrqReport {
 
     let (mut issued, mut done, mut failed) = (vec![0u64; SENDERS], vec![0u64; SENDERS], vec![false; SENDERS]);
     let mut r = SrqReport { min_posted_at_low: u32::MAX, ..SrqReport::default() };
-    for it in 0.. {
-        assert!(it < 1_000_000, "seed {seed}: no end in sight");
+    let mut progress = Progress::new(20_000);
+    loop {
         if (0..SENDERS).all(|k| failed[k] || done[k] == per_sender) {
             break;
         }
+        let work: u64 = (0..SENDERS).map(|k| issued[k] + done[k] + failed[k] as u64).sum();
+        progress.check(work + r.messages, || {
+            format!("seed {seed}: senders issued {issued:?}, done {done:?}, failed {failed:?}; SRQ {:?}", srq.stats())
+        });
         for k in 0..SENDERS {
             while !failed[k] && issued[k] < per_sender && issued[k] < done[k] + WINDOW {
                 let w = wr(issued[k], op::IBV_WR_SEND, SIGNALED, &[(src.addr(), 32, src_key)]);

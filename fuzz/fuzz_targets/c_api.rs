@@ -429,7 +429,12 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
             assert_eq!(front, Some(c.wr_id), "slot {slot}: send released out of order or twice");
             s.released += 1;
         }
-        if c.flags & SQD_COMPLETION_NEVER_POSTED != 0 {
+        if c.flags & SQD_COMPLETION_REFUSED != 0 {
+            // A parked WR the provider refused when the library posted it.
+            assert!(c.flags & SQD_COMPLETION_NEVER_POSTED != 0, "a refused release not marked never posted");
+            assert_eq!(c.status, IBV_WC_LOC_QP_OP_ERR, "a refused release with status {}", c.status);
+            assert!(c.vendor_err != 0, "a refused release without the provider's errno");
+        } else if c.flags & SQD_COMPLETION_NEVER_POSTED != 0 {
             assert_eq!(c.status, IBV_WC_WR_FLUSH_ERR, "a never-posted release with status {}", c.status);
         }
         s.reentry

@@ -141,7 +141,8 @@ pub extern "C" fn sqd_queue_new(
 /// Frees a queue (not its QP). NULL is a no-op (returns 0), and so is the NULL a failed `sqd_queue_new` stores.
 ///
 /// Returns 0, or `-EBUSY` (with a message in `sqd_last_error()`; the queue then stays valid) while WRs or
-/// receives are outstanding (not yet released: poll, or drain, first), while a QP on an SRQ may still
+/// receives are outstanding (not yet released: poll, or drain, first) or the provider still holds a WQE of the
+/// queue (a marker of the library's whose completion is not polled yet), while a QP on an SRQ may still
 /// consume its receives (see `sqd_queue_async_event`), or when called from one of the queue's own callbacks
 /// (release, deferred action, invalidation `done`). From a callback of another queue, even one of the same
 /// CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
@@ -177,9 +178,19 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 /// On failure `*bad_wr` is the first WR not accepted: the WRs before it were accepted, it and all after it
 /// were not, as with `ibv_post_send`. Returns 0 (and `*bad_wr = NULL`), or `-EINVAL` (NULL argument; an
 /// opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
-/// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it), `-EAGAIN` (no SQ
-/// slot and the backlog is full or disabled), `-EIO` (the queue failed or is draining), or the provider's
-/// negated errno.
+/// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
+/// do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
+/// `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+/// draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
+/// is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
+///
+/// A backlogged WR is posted later, as completions free slots (within `sqd_cq_poll`, or any call that hands out
+/// releases); if the provider's `post_send` refuses it then (a WR these checks accept but the provider does not
+/// support), it is not retried: it is released, after the WRs
+/// posted before it, with `IBV_WC_LOC_QP_OP_ERR`, `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and
+/// the provider's errno in `vendor_err`; `sqd_queue_stats` counts it (`provider_refused`,
+/// `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
+/// queue stays open and the WRs behind it are posted in order.
 #[no_mangle]
 pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
     ffi_boundary!({
@@ -265,15 +276,43 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
 /// `SQD_COMPLETION_NEVER_POSTED`, and their rkey was never invalidated, so it stays valid. The call never
 /// blocks.
 ///
-/// Returns 0 when everything is released (the queue may then be freed), `-EINPROGRESS` while completions are
-/// still to be polled (poll the CQ, then call again), `-EINVAL` (NULL), or `-EIO` (the marker could not be
-/// posted).
+/// Returns 0 when every WR and receive is released and the provider holds none of the queue's WQEs (the
+/// library's markers included: the queue may then be freed), `-EINPROGRESS` while completions are still to be
+/// polled (poll the CQ, then call again; the message says what is left), `-EINVAL` (NULL), or `-EIO` (the
+/// marker could not be posted).
 #[no_mangle]
 pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
     ffi_boundary!({
         let q = try_ref!(q, "q");
         let _held = q.lock().map(|l| l.lock());
         status(q.drain())
+    })
+}
+
+/// Copies the description of the newest WR the provider refused after the queue had accepted it (see
+/// `sqd_post_send` and `SQD_COMPLETION_REFUSED`: which WR, the errno, what became of it) into `buf`, as a
+/// NUL-terminated string cut to `len - 1` bytes; nothing is written when `len` is 0.
+///
+/// Returns the length of the whole description (without the NUL; 0 and an empty string when the provider
+/// refused nothing so far), or `-EINVAL` (NULL `q`, NULL `buf` with `len` > 0).
+#[no_mangle]
+pub extern "C" fn sqd_queue_last_refusal(q: *const Queue, buf: *mut std::ffi::c_char, len: usize) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q, "q");
+        let _held = q.lock().map(|l| l.lock());
+        if buf.is_null() && len > 0 {
+            return fail(&Error::invalid("buf is NULL and len is not 0"));
+        }
+        let text = q.last_refusal().unwrap_or_default();
+        if len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: the caller promises `buf` holds `len` writable bytes; `n < len`.
+            unsafe {
+                ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        i32::try_from(text.len()).unwrap_or(i32::MAX)
     })
 }
 
@@ -298,7 +337,9 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
 /// that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
 /// NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
-/// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first). Once `done` reports success, no
+/// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
+/// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
+/// `post_send` refused the LocalInv). Once `done` reports success, no
 /// remote access with `rkey` can succeed. A `sqd_defer` registered after this call does not wait for the
 /// LocalInv unless it had been posted by then: use `done`.
 ///

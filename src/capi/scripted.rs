@@ -241,6 +241,23 @@ pub extern "C" fn sqd_scripted_deliver(qp: *mut ibv_qp, byte_len: u32, imm_data:
     })
 }
 
+/// Scripts the device: makes its `post_send` refuse send WRs of `qp`, as a provider refuses a WR it does not
+/// support: from now on every send WR of `qp` with `opcode` (an `enum ibv_wr_opcode` value) is refused with
+/// `errnum` (a positive errno) whenever it is posted: `post_send` returns it with `*bad_wr` at that WR, and it and
+/// the WRs after it in that chain are not posted. No violation is recorded. `errnum` 0 lifts the refusal of
+/// `opcode`.
+///
+/// Errors: `-EINVAL` if `qp` is NULL or not a live scripted QP, or `errnum` is outside 0..=4095.
+#[no_mangle]
+pub extern "C" fn sqd_scripted_refuse_opcode(qp: *mut ibv_qp, opcode: u32, errnum: c_int) -> c_int {
+    ffi_boundary!({
+        match qp_device(qp) {
+            Ok(dev) => status(dev.refuse_opcode(qp, opcode, errnum)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
 /// Copies the counters and state of `qp` into `*out` and returns 0.
 /// Errors: `-EINVAL` if an argument is NULL or `qp` is not a live scripted QP.
 #[no_mangle]

@@ -283,6 +283,22 @@ pub extern "C" fn sqd_sim_set_error(qp: *mut ibv_qp) -> c_int {
     })
 }
 
+/// Makes the HCA's `post_send` refuse send WRs of `qp`, as a provider refuses a WR it does not support:
+/// from now on every send WR of `qp` with `opcode` (an `enum ibv_wr_opcode` value) is refused with `errnum` (a
+/// positive errno) whenever it is posted: `post_send` returns it with `*bad_wr` at that WR, and it and the WRs
+/// after it in that chain are not posted. No violation is recorded. `errnum` 0 lifts the refusal of `opcode`.
+///
+/// Errors: `-EINVAL` if `qp` is NULL or not a live sim QP, or `errnum` is outside 0..=4095.
+#[no_mangle]
+pub extern "C" fn sqd_sim_refuse_opcode(qp: *mut ibv_qp, opcode: u32, errnum: c_int) -> c_int {
+    ffi_boundary!({
+        match qp_device(qp) {
+            Ok(sim) => status(sim.refuse_opcode(qp, opcode, errnum)),
+            Err(e) => fail(&e),
+        }
+    })
+}
+
 /// Destroys a QP made by `sqd_sim_create_qp`, whatever it holds; its CQEs not yet polled are removed from its
 /// CQs. Errors: `-EINVAL` if `qp` is NULL or not a live sim QP; `-EBUSY` while an `sqd_queue` manages it
 /// (`sqd_queue_free` it first). On success `qp` dangles.

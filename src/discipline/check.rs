@@ -1,6 +1,6 @@
 //! Validation of a send WR against the queue's limits, before anything is posted or parked.
 
-use super::opcode::{allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE};
+use super::opcode::{allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD};
 use crate::error::{Error, Result};
 
 /// The fields of a WR the checks need.
@@ -45,6 +45,37 @@ pub fn check_shape(w: &WrShape, lim: &Limits) -> Result<u8> {
     Ok(op)
 }
 
+/// Whether the opcode is an atomic (its WR needs `check_atomic`).
+#[inline]
+pub fn is_atomic(wr_opcode: u32) -> bool {
+    matches!(wr_opcode, WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD)
+}
+
+/// An atomic operates on one naturally aligned 64-bit word (IBA atomics): its local SGEs receive the 8 bytes of
+/// the original value and its remote address is 8-byte aligned. Providers refuse other atomics at post time,
+/// so the queue refuses them first: parked, such a WR would be refused only when the library posts it.
+#[inline]
+pub fn check_atomic(total_len: u64, remote_addr: u64) -> Result<()> {
+    if total_len != 8 {
+        return Err(Error::invalid(format!(
+            "atomic WR has SGEs of {total_len} bytes in all; an atomic returns exactly 8 (the 64-bit original value)"
+        )));
+    }
+    if remote_addr % 8 != 0 {
+        return Err(Error::invalid(format!("atomic WR remote_addr {remote_addr:#x} is not 8-byte aligned")));
+    }
+    Ok(())
+}
+
+/// A BIND_MW WR names the memory window it binds; with none, no provider can post it.
+#[inline]
+pub fn check_bind_mw(mw_null: bool) -> Result<()> {
+    if mw_null {
+        return Err(Error::invalid("IBV_WR_BIND_MW WR has a NULL bind_mw.mw"));
+    }
+    Ok(())
+}
+
 #[inline]
 pub fn check_inline(total: u64, lim: &Limits) -> Result<()> {
     if total > lim.max_inline_data as u64 {
@@ -80,6 +111,12 @@ mod tests {
         assert!(check_shape(&WrShape { sg_list_null: true, ..shape(WR_SEND, 0, 1) }, &LIM).is_err());
         assert!(check_shape(&shape(WR_RDMA_READ, SEND_INLINE, 1), &LIM).is_err());
         assert_eq!(check_inline(65, &LIM).unwrap_err().errno(), libc::EINVAL);
+        assert!(check_atomic(8, 0x1000).is_ok());
+        assert!(check_atomic(16, 0x1000).unwrap_err().message().contains("16 bytes"));
+        assert!(check_atomic(0, 0x1000).is_err());
+        assert!(check_atomic(8, 0x1004).unwrap_err().message().contains("0x1004"));
+        assert!(is_atomic(WR_ATOMIC_FETCH_AND_ADD) && is_atomic(WR_ATOMIC_CMP_AND_SWP) && !is_atomic(WR_RDMA_READ));
+        assert!(check_bind_mw(true).is_err() && check_bind_mw(false).is_ok());
         assert!(check_inline(64, &LIM).is_ok());
     }
 }

@@ -29,6 +29,7 @@ pub const WC_LOCAL_INV: u8 = 6;
 pub const WC_RECV: u8 = 128;
 
 pub const WC_SUCCESS: u8 = 0;
+pub const WC_LOC_QP_OP_ERR: u8 = 2;
 pub const WC_WR_FLUSH_ERR: u8 = 5;
 
 /// The work-completion opcode of a send opcode valid on RC, or `None` for anything else.

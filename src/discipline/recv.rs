@@ -128,6 +128,7 @@ impl RecvState {
             never_posted: false,
             op: false,
             remote_inv,
+            refused: false,
         })
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 use super::backlog::Backlog;
-use super::opcode::{WC_SUCCESS, WC_WR_FLUSH_ERR};
+use super::opcode::{WC_LOC_QP_OP_ERR, WC_SUCCESS, WC_WR_FLUSH_ERR};
 use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
 use super::late::LateWindow;
@@ -54,6 +54,8 @@ pub struct Release {
     pub op: bool,
     /// A receive whose sender invalidated this rkey (`IBV_WC_WITH_INV`).
     pub remote_inv: Option<u32>,
+    /// A parked WR the provider refused when the library posted it (`vendor_err` holds the errno).
+    pub refused: bool,
 }
 
 /// What a polled send CQE means.
@@ -81,6 +83,10 @@ pub struct SendCounters {
     pub refused: u64,
     pub parked: u64,
     pub backlog_peak: u64,
+    /// Accepted WRs the provider refused when the library posted them.
+    pub provider_refused: u64,
+    /// The errno of the newest such refusal.
+    pub provider_refused_errno: u32,
 }
 
 #[derive(Debug)]
@@ -96,6 +102,9 @@ pub struct SendState<T> {
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
     late: LateWindow,
+    /// The provider refused the oldest parked WR with this errno: it waits, unposted, for the WRs posted before
+    /// it to be released, is then released itself (refused), and the WRs behind it are posted after it.
+    front_refused: Option<i32>,
     pub counters: SendCounters,
 }
 
@@ -121,6 +130,7 @@ impl<T: Parked> SendState<T> {
             draining: false,
             abandoned: false,
             late: LateWindow::default(),
+            front_refused: None,
             counters: SendCounters::default(),
         }
     }
@@ -272,7 +282,35 @@ impl<T: Parked> SendState<T> {
     /// Whether the `i`-th oldest parked WR can be posted now.
     #[inline]
     pub fn can_pump(&self, i: usize) -> bool {
-        self.backlog.len() > i && self.credits() > 0 && self.closed().is_none()
+        self.backlog.len() > i && self.credits() > 0 && self.closed().is_none() && self.front_refused.is_none()
+    }
+
+    /// The provider refused the oldest parked WR (the pump's post stopped at it) with `errno`. It is not retried:
+    /// it is released, refused, once every WR posted before it is released (`next_release`), and the pump then
+    /// goes on with the WRs behind it.
+    pub fn refuse_front(&mut self, errno: i32) {
+        debug_assert!(!self.backlog.is_empty() && self.front_refused.is_none());
+        self.front_refused = Some(errno);
+        self.note_provider_refusal(errno);
+    }
+
+    /// Counts a WR the provider refused after the queue accepted it.
+    pub fn note_provider_refusal(&mut self, errno: i32) {
+        self.counters.provider_refused += 1;
+        self.counters.provider_refused_errno = errno as u32;
+    }
+
+    /// The refused oldest parked WR, if any: its wr_id (an operation id for a library operation), whether it is
+    /// a library operation, and the errno.
+    pub fn refused_front(&mut self) -> Option<(u64, bool, i32)> {
+        let errno = self.front_refused?;
+        let e = self.backlog.get_mut(0);
+        Some((e.wr_id(), e.is_op(), errno))
+    }
+
+    /// Whether the refused oldest parked WR can be released now (`next_release` then returns it).
+    pub fn refused_release_due(&self) -> bool {
+        self.front_refused.is_some() && self.ring.outstanding() == 0
     }
 
     /// Admits the `i`-th oldest parked WR for posting (the caller posts entries 0..n together, then calls
@@ -416,7 +454,27 @@ impl<T: Parked> SendState<T> {
                 never_posted: false,
                 op: slot.has(Slot::OP),
                 remote_inv: None,
+                refused: false,
             });
+        }
+        // A refused parked WR is released after every WR posted before it (in post order), open queue or not.
+        if let (Some(errno), 0) = (self.front_refused, self.ring.outstanding()) {
+            let e = self.backlog.get_mut(0);
+            let r = Release {
+                wr_id: e.wr_id(),
+                status: WC_LOC_QP_OP_ERR,
+                opcode: e.wc_opcode(),
+                vendor_err: errno as u32,
+                implied: false,
+                never_posted: true,
+                op: e.is_op(),
+                remote_inv: None,
+                refused: true,
+            };
+            self.backlog.pop_front(1);
+            self.front_refused = None;
+            self.released += 1;
+            return Some(r);
         }
         if self.closed().is_some() && self.ring.outstanding() == 0 && !self.backlog.is_empty() {
             let e = self.backlog.get_mut(0);
@@ -429,6 +487,7 @@ impl<T: Parked> SendState<T> {
                 never_posted: true,
                 op: e.is_op(),
                 remote_inv: None,
+                refused: false,
             };
             self.backlog.pop_front(1);
             self.released += 1;

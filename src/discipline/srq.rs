@@ -110,6 +110,7 @@ impl SrqSlots {
                     never_posted: false,
                     op: false,
                     remote_inv: if ok { remote_inv } else { None },
+                    refused: false,
                 })
             }
             _ => {
@@ -135,6 +136,7 @@ impl SrqSlots {
                     never_posted: true,
                     op: false,
                     remote_inv: None,
+                    refused: false,
                 });
             }
         }

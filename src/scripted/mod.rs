@@ -20,6 +20,8 @@
 //!   logged as a violation "SQ overflow".
 //! - WRs are checked against the QP's caps: `num_sge > max_send_sge`, inline data beyond `max_inline_data`, a
 //!   NULL `sg_list` or an opcode an RC QP cannot post: `EINVAL` and a violation.
+//! - **Refusals** on request ([`ScriptedDevice::refuse_opcode`]): send WRs of a chosen opcode are refused at post
+//!   time with a chosen errno, as a provider refuses a WR it does not support (no violation: the provider's right).
 //! - **Errors**: a failed WQE completes with its error status whether signaled or not; the QP moves to the
 //!   error state and every later send WQE, then every posted receive, flushes with its own
 //!   `IBV_WC_WR_FLUSH_ERR` CQE, in order. A WR posted to a QP in the error state is accepted and flushed at once.
@@ -199,6 +201,12 @@ pub trait Scriptable {
     fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats>;
     /// The `index`-th send WQE ever posted on `qp` (0 = first); `ENOENT` beyond the last.
     fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe>;
+    /// Makes the provider refuse send WRs at post time, as a provider refuses a WR it does not support: from now
+    /// on every send WR of `qp` with `opcode` (an `enum ibv_wr_opcode` value) is refused with `errno` (its
+    /// `post_send` returns `errno` with `*bad_wr` at that WR; it and the WRs after it in that chain are not
+    /// posted), whenever it is posted. No violation is recorded. `errno` 0 lifts the refusal; `EINVAL` above
+    /// 4095.
+    fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()>;
     /// Every violation recorded on the device so far, oldest first.
     fn violations(&self) -> Vec<String>;
 }
@@ -466,6 +474,11 @@ impl ScriptedDevice {
         self.model.borrow().wqe(qp, index)
     }
 
+    /// See [`Scriptable::refuse_opcode`].
+    pub fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()> {
+        self.model.borrow_mut().refuse_opcode(qp, opcode, errno)
+    }
+
     /// Registers `len` bytes at `addr`: a real `struct ibv_mr` with `context`, `pd`, `addr`, `length` and a
     /// nonzero lkey and rkey distinct from each other and from those of every other MR of the device. `access`
     /// (`enum ibv_access_flags` bits) is accepted as given: the device enforces no access rights. The device owns
@@ -560,6 +573,9 @@ impl Scriptable for ScriptedDevice {
     }
     fn violations(&self) -> Vec<String> {
         ScriptedDevice::violations(self)
+    }
+    fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()> {
+        ScriptedDevice::refuse_opcode(self, qp, opcode, errno)
     }
 }
 

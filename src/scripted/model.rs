@@ -78,6 +78,8 @@ pub(crate) struct QpModel {
     recv_held: usize,
     in_error: bool,
     stats: ScriptedQpStats,
+    /// Scripted refusals (`Model::refuse_opcode`): send WRs of this opcode are refused with this errno.
+    refused_opcodes: Vec<(u32, i32)>,
 }
 
 impl Drop for QpModel {
@@ -267,6 +269,7 @@ impl Model {
             recv_held: 0,
             in_error: false,
             stats: ScriptedQpStats::default(),
+            refused_opcodes: Vec::new(),
         };
         self.qp_by_num.insert(qpn, key(obj));
         self.qps.insert(key(obj), qp);
@@ -375,7 +378,33 @@ impl Model {
     }
 
     /// Accepts or rejects one send WR. `Err` is a positive errno, as providers return from `post_send`.
+    /// Scripts refusals: from now on every send WR of `qp` with `opcode` is refused at post time with `errno`, as a
+    /// provider refuses a WR it does not support. `errno` 0 lifts the refusal of that opcode.
+    pub(crate) fn refuse_opcode(&mut self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()> {
+        self.qp(qp)?;
+        if !(0..=4095).contains(&errno) {
+            return Err(Error::invalid(format!("errno {errno} is outside 0..=4095")));
+        }
+        let q = self.qps.get_mut(&key(qp)).expect("checked above");
+        q.refused_opcodes.retain(|r| r.0 != opcode);
+        if errno != 0 {
+            q.refused_opcodes.push((opcode, errno));
+        }
+        Ok(())
+    }
+
+    /// Accepts or rejects one send WR; a WR of an opcode the test made the device refuse (`refuse_opcode`) is
+    /// refused first, with no violation recorded.
     pub(crate) fn post_send(&mut self, qp: *mut ibv_qp, req: SendRequest) -> std::result::Result<(), i32> {
+        if let Some(q) = self.qps.get(&key(qp)) {
+            if let Some(&(_, errno)) = q.refused_opcodes.iter().find(|r| r.0 == req.wqe.opcode) {
+                return Err(errno);
+            }
+        }
+        self.accept_send(qp, req)
+    }
+
+    fn accept_send(&mut self, qp: *mut ibv_qp, req: SendRequest) -> std::result::Result<(), i32> {
         let Model { cqs, qps, violations, .. } = self;
         let Some(q) = qps.get_mut(&key(qp)) else { return Err(libc::EINVAL) };
         let mut wqe = req.wqe;

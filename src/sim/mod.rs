@@ -55,6 +55,7 @@ mod ops;
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use rdma_sys::{
@@ -315,6 +316,11 @@ pub struct SimDevice {
     /// statistics — holds it for its duration. The model never calls out (no user callback, no library code)
     /// while holding it, so it is never taken re-entrantly.
     model: Mutex<Model>,
+    /// Scripted refusals (`refuse_opcode`): QP address, opcode, errno. Taken after the model lock, never before
+    /// it.
+    refusals: Mutex<Vec<(usize, u32, i32)>>,
+    /// Whether `refusals` holds any: `post_send` looks at the list only then.
+    refusal_armed: AtomicBool,
     _pinned: PhantomPinned,
 }
 
@@ -367,7 +373,15 @@ impl SimDevice {
             }
         };
 
-        let device = Box::pin(SimDevice { ctx, pd, ibdev, model: Mutex::new(model), _pinned: PhantomPinned });
+        let device = Box::pin(SimDevice {
+            ctx,
+            pd,
+            ibdev,
+            model: Mutex::new(model),
+            refusals: Mutex::new(Vec::new()),
+            refusal_armed: AtomicBool::new(false),
+            _pinned: PhantomPinned,
+        });
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
@@ -627,7 +641,44 @@ impl SimDevice {
     /// it are dropped; its peer, if any, stays connected to nothing (its requests time out).
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
         crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
-        self.model.lock().destroy_qp(qp)
+        self.model.lock().destroy_qp(qp)?;
+        self.forget_refusals(qp);
+        Ok(())
+    }
+
+    /// Makes the HCA refuse send WRs at post time, as a provider refuses a WR it does not support: from now on
+    /// every send WR of `qp` with `opcode` (an `enum ibv_wr_opcode` value) is refused with `errno`, whenever it is
+    /// posted (`post_send` returns it with `*bad_wr` at that WR; it and the WRs after it in that chain are not
+    /// posted). No violation is logged. `errno` 0 lifts the refusal. `EINVAL` for an errno above 4095 or a QP
+    /// not of this device.
+    pub fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()> {
+        self.model.lock().qp_stats(qp)?;
+        if !(0..=4095).contains(&errno) {
+            return Err(Error::invalid(format!("errno {errno} is outside 0..=4095")));
+        }
+        let mut list = self.refusals.lock();
+        list.retain(|r| !(r.0 == qp as usize && r.1 == opcode));
+        if errno != 0 {
+            list.push((qp as usize, opcode, errno));
+        }
+        self.refusal_armed.store(!list.is_empty(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn forget_refusals(&self, qp: *mut ibv_qp) {
+        let mut list = self.refusals.lock();
+        list.retain(|r| r.0 != qp as usize);
+        self.refusal_armed.store(!list.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Whether any scripted refusal is set (cheap: `post_send` asks before each chain).
+    pub(crate) fn refusal_armed(&self) -> bool {
+        self.refusal_armed.load(Ordering::Relaxed)
+    }
+
+    /// The errno a send WR of `qp` with `opcode` is refused with, if a scripted refusal says so.
+    pub(crate) fn refusal_of(&self, qp: *mut ibv_qp, opcode: u32) -> Option<i32> {
+        self.refusals.lock().iter().find(|r| r.0 == qp as usize && r.1 == opcode).map(|r| r.2)
     }
 
     /// Runs `steps` steps.
@@ -758,6 +809,9 @@ impl Scriptable for SimDevice {
     }
     fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe> {
         self.model.lock().wqe_record(qp, index)
+    }
+    fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()> {
+        SimDevice::refuse_opcode(self, qp, opcode, errno)
     }
     fn violations(&self) -> Vec<String> {
         self.model.lock().violations().iter().map(|v| v.text.clone()).collect()

@@ -121,7 +121,16 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
         let mut posted = 0u32;
         let mut cur = wr;
         let mut rc = 0;
+        let refusals = device.refusal_armed();
         while !cur.is_null() {
+            // SAFETY: as below; a plain field read.
+            let opcode = unsafe { (*cur).opcode };
+            if let Some(errno) = refusals.then(|| device.refusal_of(qp, opcode)).flatten() {
+                // A scripted refusal (`SimDevice::refuse_opcode`): the provider rejects this WR.
+                set_bad(cur);
+                rc = errno;
+                break;
+            }
             // SAFETY: `cur` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
             let req = unsafe { read_send_wr(cur, caps.max_send_sge, caps.max_inline_data, copy) };
             if let Err(errno) = model.post_send(qp, req) {

@@ -113,7 +113,8 @@ pub(crate) fn local_inv_wr(token: u64, rkey: u32, fence: bool) -> ibv_send_wr {
     wr
 }
 
-/// Posts as many parked WRs as credits allow, oldest first, with one provider call. Returns how many went in.
+/// Posts as many parked WRs as credits allow, oldest first, with one provider call. Returns how many went in; on
+/// a refusal, marks the refused WR (see `SendState::refuse_front`) and returns the provider's failure.
 pub fn pump_backlog(state: &mut SendState<StagedWr>, qp: &QpHandle, index: u32) -> Result<usize, PostFailure> {
     let mut n = 0;
     while state.can_pump(n) {
@@ -145,8 +146,11 @@ pub fn pump_backlog(state: &mut SendState<StagedWr>, qp: &QpHandle, index: u32) 
             Ok(n)
         }
         Err(f) => {
+            // The WRs before the refused one went in; it and the ones after did not. The refused WR is not
+            // retried (the provider would refuse it again and stall every WR behind it): it is released, refused.
             state.rollback((n - f.posted) as u64, false);
             state.pumped(f.posted);
+            state.refuse_front(f.errno);
             Err(f)
         }
     }

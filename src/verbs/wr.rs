@@ -108,6 +108,20 @@ impl<'a> WrPtr<'a> {
     pub fn total_len(self) -> u64 {
         self.sges().iter().map(|s| s.length as u64).sum()
     }
+    /// `wr.atomic.remote_addr` (meaningful for atomic opcodes only).
+    #[inline]
+    pub fn atomic_remote_addr(self) -> u64 {
+        let w = self.p.as_ptr();
+        // SAFETY: readable for 'a; every member of the `wr` union is plain integers, so any bit pattern is valid.
+        unsafe { ptr::addr_of!((*w).wr.atomic.remote_addr).read() }
+    }
+    /// Whether `bind_mw.mw` is NULL (meaningful for `IBV_WR_BIND_MW` only).
+    #[inline]
+    pub fn bind_mw_is_null(self) -> bool {
+        let w = self.p.as_ptr();
+        // SAFETY: readable for 'a; the union's members are plain pointers and integers: a pointer read of any bits.
+        unsafe { ptr::addr_of!((*w).bind_mw_tso_union.bind_mw.mw).read().is_null() }
+    }
     /// Copies the whole WR structure (for the backlog).
     pub(crate) fn read_struct(self) -> ibv_send_wr {
         // SAFETY: readable for 'a; `ibv_send_wr` is plain data (pointers and integers).
