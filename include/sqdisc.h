@@ -335,9 +335,14 @@ struct sqd_queue_stats {
      */
     uint32_t signal_interval;
     /**
-     * The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
-     * library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
-     * `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
+     * The `ibv_wc_status` that failed the queue, else 0: that of the first error completion of its sends whose
+     * status is not `IBV_WC_WR_FLUSH_ERR` (a device may flush earlier WRs before it reports the error that
+     * put the QP in the error state). It is `IBV_WC_WR_FLUSH_ERR` only while no other error status has been
+     * reaped: the QP was moved to the error state from outside, or an async event failed the queue (the
+     * completions reaped after that are swallowed and change nothing). The failing WR may be one of the
+     * library's own (an idle-tail or drain marker, or a deferred LocalInv), whose completion `sqd_cq_poll`
+     * never shows: the ULP's WRs then release with `IBV_WC_WR_FLUSH_ERR` only, and this field and
+     * `failed_vendor_err` are where the cause shows.
      */
     uint32_t failed_status;
     /**
@@ -348,6 +353,12 @@ struct sqd_queue_stats {
      * MRs tracked precisely (`sqd_queue_track_mr`).
      */
     uint32_t tracked_mrs;
+    /**
+     * The `vendor_err` of the completion whose status `failed_status` holds (0 when it had none, or when an
+     * async event failed the queue). It sits in what was padding before it, so the struct's size and the
+     * offsets of the other fields are those of earlier versions.
+     */
+    uint32_t failed_vendor_err;
     /**
      * Deferred deregistrations or deallocations that failed.
      */

@@ -144,14 +144,23 @@ pub struct QueueStats {
     pub deferred: u32,
     /// The signal interval in force.
     pub signal_interval: u32,
-    /// The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
-    /// library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
-    /// `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
+    /// The `ibv_wc_status` that failed the queue, else 0: that of the first error completion of its sends whose
+    /// status is not `IBV_WC_WR_FLUSH_ERR` (a device may flush earlier WRs before it reports the error that
+    /// put the QP in the error state). It is `IBV_WC_WR_FLUSH_ERR` only while no other error status has been
+    /// reaped: the QP was moved to the error state from outside, or an async event failed the queue (the
+    /// completions reaped after that are swallowed and change nothing). The failing WR may be one of the
+    /// library's own (an idle-tail or drain marker, or a deferred LocalInv), whose completion `sqd_cq_poll`
+    /// never shows: the ULP's WRs then release with `IBV_WC_WR_FLUSH_ERR` only, and this field and
+    /// `failed_vendor_err` are where the cause shows.
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
     /// MRs tracked precisely (`sqd_queue_track_mr`).
     pub tracked_mrs: u32,
+    /// The `vendor_err` of the completion whose status `failed_status` holds (0 when it had none, or when an
+    /// async event failed the queue). It sits in what was padding before it, so the struct's size and the
+    /// offsets of the other fields are those of earlier versions.
+    pub failed_vendor_err: u32,
     /// Deferred deregistrations or deallocations that failed.
     pub teardown_failures: u64,
     /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
@@ -1202,10 +1211,8 @@ impl QueueShared {
             recv_outstanding: recv.map_or(0, |r| r.outstanding() as u32),
             deferred: st.barriers.len() as u32,
             signal_interval: st.send.signal_interval(),
-            failed_status: match st.send.closed() {
-                Some(Closed::Failed(s)) => s as u32,
-                _ => 0,
-            },
+            failed_status: st.send.failure().map_or(0, |(s, _)| s as u32),
+            failed_vendor_err: st.send.failure().map_or(0, |(_, v)| v),
             closed: st.send.closed().is_some() as u32,
             tracked_mrs: st.tracked.len() as u32,
             teardown_failures: st.teardown_failures,

@@ -90,7 +90,11 @@ pub struct SendState<T> {
     backlog: Backlog<T>,
     accepted: u64,
     released: u64,
+    /// The status that failed the queue: the first error CQE's, replaced once by the first non-flush error
+    /// (a device may flush earlier WQEs before it reports the error that caused the flush).
     failed: Option<u8>,
+    /// The vendor error of the CQE whose status `failed` holds.
+    failed_vendor_err: u32,
     draining: bool,
     abandoned: bool,
     pub counters: SendCounters,
@@ -115,6 +119,7 @@ impl<T: Parked> SendState<T> {
             accepted: 0,
             released: 0,
             failed: None,
+            failed_vendor_err: 0,
             draining: false,
             abandoned: false,
             counters: SendCounters::default(),
@@ -171,6 +176,10 @@ impl<T: Parked> SendState<T> {
             (None, true) => Some(Closed::Draining),
             (None, false) => None,
         }
+    }
+    /// The status and vendor error that failed the queue (see `on_cqe`), if it failed.
+    pub fn failure(&self) -> Option<(u8, u32)> {
+        self.failed.map(|s| (s, self.failed_vendor_err))
     }
     pub fn has_unsignaled_tail(&self) -> bool {
         self.policy.has_unsignaled_tail()
@@ -343,13 +352,28 @@ impl<T: Parked> SendState<T> {
         self.counters.cqes += 1;
         let slot = *self.ring.get(seq);
         self.ring.complete_through(seq, status, vendor_err);
-        if status != WC_SUCCESS && self.failed.is_none() {
-            self.failed = Some(status);
+        if status != WC_SUCCESS {
+            self.note_failure(status, vendor_err);
         }
         if slot.has(Slot::INTERNAL | Slot::OP) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
             CqeOutcome::Hidden
         } else {
             CqeOutcome::Visible { wr_id: slot.wr_id }
+        }
+    }
+
+    /// Records an error CQE's status as the queue's failure: the first one, unless it was a flush and this is
+    /// not. A flush only says the QP is in error; the error that put it there may come after flushes of
+    /// earlier WQEs (and may be a WQE of the library's own, whose CQE the ULP never sees).
+    #[cold]
+    fn note_failure(&mut self, status: u8, vendor_err: u32) {
+        let replace = match self.failed {
+            None => true,
+            Some(s) => s == WC_WR_FLUSH_ERR && status != WC_WR_FLUSH_ERR,
+        };
+        if replace {
+            self.failed = Some(status);
+            self.failed_vendor_err = vendor_err;
         }
     }
 
