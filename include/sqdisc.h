@@ -46,6 +46,10 @@
  * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
  * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
  * the CQ. Queues on a thread-safe CQ have their sends and receives on that one CQ.
+ *
+ * In event mode the poller may sleep on the channel while other threads post: a post made after
+ * `sqd_cq_arm` and before the next `sqd_cq_poll` that leaves an unsignaled tail covers it at once with a
+ * signaled marker, so its WRs still produce a completion that raises the event (see `sqd_cq_arm`).
  */
 #define SQD_CQ_THREAD_SAFE 1
 
@@ -275,7 +279,8 @@ struct sqd_queue_stats {
      */
     uint64_t signaled_by_policy;
     /**
-     * Zero-length signaled markers posted to cover an idle unsignaled tail or a drain.
+     * Zero-length signaled markers posted to cover an idle unsignaled tail, a drain, or the unsignaled tail
+     * of a post made while the send CQ is armed (`sqd_cq_arm`).
      */
     uint64_t markers;
     /**
@@ -486,7 +491,8 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * unsignaled tail and receives no post during one whole poll cycle gets a signaled zero-length RDMA WRITE.
  * So every WR is covered by a signaled WQE, without further posts, no later than the end of the second
  * `sqd_cq_poll` after it reached the SQ (in the post call, or in the poll that moved it from the backlog), or
- * at once by `sqd_cq_arm`, and is released when that WQE's CQE is polled.
+ * at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
+ * polled.
  *
  * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
  * returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
@@ -522,7 +528,16 @@ int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
  *
  * Returns 0 when the CQ is armed and was empty: sleep on the channel (`ibv_get_cq_event`, or epoll on its
  * fd), then `ibv_ack_cq_events` and poll. A positive count: handle them, then poll again (and re-arm) before
- * sleeping. Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
+ * sleeping.
+ *
+ * Unsignaled WRs produce no completion, and a sleeping poller no poll to cover them. So every unsignaled tail
+ * of the CQ's queues gets its signaled marker in this call, and from this call until the next `sqd_cq_poll`
+ * of the CQ (the one inside a later `sqd_cq_arm` included), every post to a queue whose sends complete on it
+ * (`sqd_post_send`, from any thread on a `SQD_CQ_THREAD_SAFE` CQ, or from the poller itself before it
+ * sleeps) that leaves an unsignaled tail posts the marker at once: one more WQE and CQE per such post
+ * (counted in `sqd_queue_stats.markers`), whose completion raises the event when the CQ is armed for every
+ * completion (`solicited_only` 0; armed for solicited completions only, a successful send completion raises
+ * none, as in verbs). Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
  * notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
  */
 int32_t sqd_cq_arm(struct sqd_cq *cq,

@@ -46,6 +46,9 @@ pub(crate) struct CqShared {
     /// The counters the data path bumps, kept out of `state` so that bumping one takes no borrow.
     counts: Counts,
     polling: Cell<bool>,
+    /// `arm` armed the CQ and no poll has run since: the ULP may be asleep on the channel, so no poll may come
+    /// to cover an unsignaled tail. A post that leaves one covers it at once instead (`QueueShared::post_send`).
+    armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
 }
@@ -122,6 +125,7 @@ impl Cq {
                 }),
                 counts: Counts::default(),
                 polling: Cell::new(false),
+                armed: Cell::new(false),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
             }),
         }
@@ -204,13 +208,17 @@ impl Cq {
     ///
     /// Because the caller is about to sleep, there is no next poll to cover an unsignaled tail (WRs this very
     /// poll moved from a backlog, or posted just before): every such tail gets its marker now, whose CQE then
-    /// raises the event.
+    /// raises the event. For the same reason, until the next poll of this CQ, a post to a queue whose sends
+    /// complete here that leaves an unsignaled tail covers it with a marker at once (one more WQE and CQE per
+    /// such post), so a post made while the poller sleeps (from another thread, or by the poller itself before
+    /// it sleeps) still produces a CQE.
     pub fn arm(&self, solicited_only: bool, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.handle.req_notify(solicited_only)?;
         let n = self.shared.poll(out)?;
         if n == 0 {
             self.shared.cover_idle_tails(true);
         }
+        self.shared.armed.set(true);
         Ok(n)
     }
 
@@ -280,6 +288,12 @@ impl CqShared {
         }
     }
 
+    /// Armed by `Cq::arm`, and not polled since.
+    #[inline]
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.get()
+    }
+
     pub(crate) fn empty_polls(&self) -> u64 {
         self.counts.empty_polls.get()
     }
@@ -322,6 +336,7 @@ impl CqShared {
             return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
         }
         let _guard = ResetOnDrop(&self.polling);
+        self.armed.set(false);
         bump(&self.counts.polls, 1);
         let mut kept = 0;
         // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is

@@ -114,7 +114,8 @@ pub struct QueueStats {
     pub signaled_by_ulp: u64,
     /// WQEs signaled by the moderation policy (interval or last free slot).
     pub signaled_by_policy: u64,
-    /// Zero-length signaled markers posted to cover an idle unsignaled tail or a drain.
+    /// Zero-length signaled markers posted to cover an idle unsignaled tail, a drain, or the unsignaled tail
+    /// of a post made while the send CQ is armed (`sqd_cq_arm`).
     pub markers: u64,
     /// Send CQEs reaped.
     pub send_cqes: u64,
@@ -720,6 +721,10 @@ impl QueueShared {
             }
         }
         if st.send.has_unsignaled_tail() {
+            // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
+            if self.send_cq.is_armed() && self.post_marker(st) {
+                return result;
+            }
             self.posted_since_poll.set(true);
             if !self.watched.get() {
                 self.watched.set(true);
