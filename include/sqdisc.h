@@ -464,7 +464,7 @@ int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
  * at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
  *
  * Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
- * `cqe <= 0`).
+ * `cqe <= 0`), `-ENOMEM` (the handle could not be allocated; `sqd_last_error()` names the bytes).
  */
 int32_t sqd_cq_new_ex(struct ibv_cq *cq, uint32_t flags, struct sqd_cq **out);
 
@@ -591,13 +591,19 @@ const char *sqd_version(void);
  * with its own CQE on QP error, plus a drain marker) and `rq_depth` on the receive CQ. If that does not fit in
  * what the CQ has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
+ * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
+ * backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
+ * `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
+ * limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
+ * `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+ *
  * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
  * a time, the one that uses the queue's CQs.
  *
  * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
  * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ), `-EBUSY` (the QP is
- * already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
- * `sqd_srq_release_all`).
+ * already managed on that CQ), `-ENOSPC` (CQ budget), `-ENOMEM` (see above), `-EIO` (`attr->srq` had its
+ * receives released by `sqd_srq_release_all`).
  */
 int32_t sqd_queue_new(struct sqd_cq *send_cq,
                       struct sqd_cq *recv_cq,
@@ -656,7 +662,8 @@ int32_t sqd_post_recv(struct sqd_queue *q, struct ibv_recv_wr *wr, struct ibv_re
  * after the last of those releases, before any later one. If they all are already, it runs before this call
  * returns. Deferred MR deregistration or invalidation and "buffer may be reused" hooks are built on it.
  *
- * Returns 0 or `-EINVAL` (NULL `q` or `fn`).
+ * Returns 0, or `-EINVAL` (NULL `q` or `fn`), `-ENOMEM` (no room for the action could be allocated; `fn`
+ * will not be called).
  */
 int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
 
@@ -698,7 +705,8 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room).
+ * (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+ * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,
                        uint32_t rkey,
@@ -727,7 +735,7 @@ int32_t sqd_queue_untrack_mr(struct sqd_queue *q, const struct ibv_mr *mr);
  * WR whose SGEs use it when `mr` is tracked (`sqd_queue_track_mr`), else after every WR accepted so far; at
  * once if that is already so. "Buffer may be reused" hooks for one MR build on it.
  *
- * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
+ * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`), `-ENOMEM` (as for `sqd_defer`).
  */
 int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn fn, void *ctx);
 
@@ -737,7 +745,8 @@ int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn 
  * use or deregister it yourself afterwards. A failed deregistration counts in
  * `sqd_queue_stats.teardown_failures`.
  *
- * Returns 0, or `-EINVAL` (NULL argument).
+ * Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deregistration could be allocated:
+ * `mr` stays yours).
  */
 int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
                            struct ibv_mr *mr);
@@ -747,7 +756,8 @@ int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
  * the queue so far is released. Ownership of `mw` passes to the queue. A failure counts in
  * `sqd_queue_stats.teardown_failures`.
  *
- * Returns 0, or `-EINVAL` (NULL argument).
+ * Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deallocation could be allocated:
+ * `mw` stays yours).
  */
 int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
 
@@ -782,7 +792,8 @@ int32_t sqd_queue_async_event(struct sqd_queue *q, uint32_t type);
  * the CQs of its queues (not for thread-safe CQs).
  *
  * Returns 0, or `-EINVAL` (NULL argument, depth 0 or too large, low watermark above depth, nonzero flags, an
- * SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096).
+ * SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096), `-ENOMEM`
+ * (its storage could not be allocated; `sqd_last_error()` names the bytes).
  */
 int32_t sqd_srq_new(struct ibv_srq *srq,
                     const struct sqd_srq_attr *attr,

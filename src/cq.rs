@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::alloc;
 use crate::discipline::budget::CqBudget;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
 use crate::error::{Error, Result};
@@ -194,9 +195,15 @@ impl Cq {
         if event != crate::queue::EV_CQ_ERR {
             return Err(Error::invalid(format!("event {event} is not an event of a CQ (IBV_EVENT_CQ_ERR is 0)")));
         }
-        let queues: Vec<Rc<QueueShared>> = self.shared.state.borrow().table.iter().flatten().cloned().collect();
-        for q in queues {
-            q.abandon();
+        // One queue at a time, by table index, so that no list of them is allocated. A release callback may free
+        // queues or attach new ones meanwhile: one attached into an entry not visited yet is released too (this
+        // CQ will deliver no CQE to it either).
+        let entries = self.shared.state.borrow().table.len();
+        for i in 0..entries {
+            let q = self.shared.state.borrow().table.get(i).cloned().flatten();
+            if let Some(q) = q {
+                q.abandon();
+            }
         }
         Ok(())
     }
@@ -247,6 +254,16 @@ impl CqShared {
             }
             None => st.table.len() as u32,
         };
+        // Room first, so that a failure changes nothing. A queue is watched at most once at a time, and a table
+        // entry is freed at most once: with room for every table entry in `watch` and `free`, neither grows
+        // (allocates) on the data path or when a queue is freed; `retired` holds at most `MAX_RETIRED`.
+        let entries = st.table.len() + usize::from(st.free.last() != Some(&index));
+        let (watch_more, free_more) = (entries - st.watch.len(), entries - st.free.len());
+        alloc::reserve(&mut st.table, 1, "the CQ's table of queues")?;
+        alloc::reserve(&mut st.watch, watch_more, "the CQ's idle-tail watch list")?;
+        alloc::reserve(&mut st.free, free_more, "the CQ's free list")?;
+        alloc::reserve(&mut st.retired, MAX_RETIRED, "the CQ's list of retired QP numbers")?;
+        alloc::reserve_map(&mut st.by_qp, 1, "the CQ's map of QP numbers")?;
         st.budget.reserve(need, what)?;
         if st.free.last() == Some(&index) {
             st.free.pop();
@@ -255,13 +272,6 @@ impl CqShared {
         }
         st.by_qp.insert(qp_num, index);
         st.retired.retain(|&n| n != qp_num);
-        // A queue is watched at most once at a time: with room for every table entry, `watch` never grows
-        // (allocates) on the data path.
-        let entries = st.table.len();
-        if st.watch.capacity() < entries {
-            let more = entries - st.watch.len();
-            st.watch.reserve(more);
-        }
         Ok(index)
     }
 
@@ -273,6 +283,7 @@ impl CqShared {
             return Ok(());
         }
         let depth = srq.depth() as u64;
+        alloc::reserve(&mut st.srqs, 1, "the CQ's list of SRQs")?;
         st.budget.reserve_extra(depth, &format!("SRQ depth {depth}, reserved once for all its queues here"))?;
         st.srqs.push((srq.id, srq.clone(), 1));
         Ok(())

@@ -215,6 +215,65 @@ pub(crate) struct QueueShared {
     last_wqe_at: Cell<Option<u64>>,
 }
 
+/// What a queue allocates at creation: everything whose size its configuration decides.
+struct QueueStorage {
+    send: SendState<StagedWr>,
+    recv: Option<RecvState>,
+    verify: Option<VerifyStore>,
+}
+
+impl QueueStorage {
+    /// Allocates the storage of a queue of configuration `c`; `ENOMEM` names the bytes that could not be
+    /// allocated and the queue's total.
+    fn new(c: &QueueConfig, interval: u32, recv: bool) -> Result<QueueStorage> {
+        Self::allocate(c, interval, recv).map_err(|e| {
+            Error::new(
+                e.errno(),
+                format!(
+                    "{}; the queue (sq_depth {}, rq_depth {}, backlog_depth {}, max_send_sge {}, max_inline_data {}, \
+                     buffer verification {}) needs {} bytes in all",
+                    e.message(),
+                    c.sq_depth,
+                    if recv { c.rq_depth } else { 0 },
+                    c.backlog_depth,
+                    c.max_send_sge,
+                    c.max_inline_data,
+                    if c.verify_buffers { "on" } else { "off" },
+                    Self::bytes(c, recv)
+                ),
+            )
+        })
+    }
+
+    fn allocate(c: &QueueConfig, interval: u32, recv: bool) -> Result<QueueStorage> {
+        let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data))?;
+        Ok(QueueStorage {
+            send: SendState::new(c.sq_depth, interval, backlog)?,
+            recv: if recv { Some(RecvState::new(c.rq_depth)?) } else { None },
+            verify: if c.verify_buffers {
+                Some(VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Bytes of the queue, as `Queue::footprint` counts them: its fixed part and what `allocate` asks for.
+    fn bytes(c: &QueueConfig, recv: bool) -> u64 {
+        let slot = std::mem::size_of::<Slot>() as u64;
+        let ring = |depth: u32| (depth.max(1) as u64).next_power_of_two() * slot;
+        let mut n = std::mem::size_of::<QueueShared>() as u64 + ring(c.sq_depth);
+        n += c.backlog_depth as u64 * StagedWr::footprint_for(c.max_send_sge, c.max_inline_data) as u64;
+        if recv {
+            n += ring(c.rq_depth);
+        }
+        if c.verify_buffers {
+            n += VerifyStore::footprint_for(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge) as u64;
+        }
+        n
+    }
+}
+
 /// The managed send queue (and optionally receive queue) of one RC QP.
 ///
 /// Not thread-safe: used from the thread that uses its CQs. Dropping it detaches it from its CQs; call
@@ -351,6 +410,8 @@ impl Queue {
         } else {
             format!("sq_depth {} + 1 drain marker", c.sq_depth)
         };
+        // The queue's storage, allocated before anything is attached so that a failure leaves nothing to undo.
+        let storage = QueueStorage::new(&c, interval, recv_cq.is_some() && srq.is_none())?;
         let qp_num = qp.qp_num();
         let send_index = send_cq.shared.attach(qp_num, send_need, &what)?;
         let recv_index = match recv_cq {
@@ -374,7 +435,6 @@ impl Queue {
             srq.shared.queues.set(srq.shared.queues.get() + 1);
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
-        let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data));
         let shared = Rc::new(QueueShared {
             qp,
             limits,
@@ -386,16 +446,14 @@ impl Queue {
             send_need,
             recv_need,
             state: RefCell::new(QueueState {
-                send: SendState::new(c.sq_depth, interval, backlog),
-                recv: recv_cq.filter(|_| srq.is_none()).map(|_| RecvState::new(c.rq_depth)),
+                send: storage.send,
+                recv: storage.recv,
                 barriers: Barriers::default(),
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 tracked: Vec::new(),
                 teardown_failures: 0,
-                verify: c
-                    .verify_buffers
-                    .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
+                verify: storage.verify,
                 verify_mismatches: 0,
                 doorbells: 0,
             }),
@@ -430,11 +488,17 @@ impl Queue {
         self.shared.post_recv(chain)
     }
 
-    /// Runs `action` once every send WR accepted so far is released (at once if that is already so).
-    pub fn defer(&self, action: Deferred) {
-        let target = self.shared.state.borrow().send.accepted();
-        self.shared.state.borrow_mut().barriers.push(target, Action::User(action));
+    /// Runs `action` once every send WR accepted so far is released (at once if that is already so). `ENOMEM`
+    /// (and `action` dropped, not run) if no room for it can be allocated.
+    pub fn defer(&self, action: Deferred) -> Result<()> {
+        {
+            let mut st = self.shared.state.borrow_mut();
+            st.barriers.reserve(1)?;
+            let target = st.send.accepted();
+            st.barriers.push(target, Action::User(action));
+        }
         self.shared.run_releases();
+        Ok(())
     }
 
     /// Tracks the uses of the MR with `lkey` precisely: from now on the queue remembers the newest WR whose SGEs
@@ -461,16 +525,17 @@ impl Queue {
 
     /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: after the release of
     /// the newest WR that uses it when it is tracked, else after every WR accepted so far (at once if that is
-    /// already so).
-    pub fn defer_mr(&self, lkey: u32, action: Deferred) {
-        self.shared.defer_action(Some(lkey), Action::User(action));
+    /// already so). `ENOMEM` as for [`Queue::defer`].
+    pub fn defer_mr(&self, lkey: u32, action: Deferred) -> Result<()> {
+        self.shared.defer_action(Some(lkey), Action::User(action))
     }
 
     /// Deregisters an MR (or deallocates an MW) once no in-flight WR can reference it: as [`Queue::defer_mr`]
     /// with the MR's `lkey`, or after every WR accepted so far with `None` (memory windows, which WRs reference
-    /// by rkey at the peer). A failed deregistration is counted in `QueueStats::teardown_failures`.
-    pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) {
-        self.shared.defer_action(lkey, Action::Teardown(teardown));
+    /// by rkey at the peer). A failed deregistration is counted in `QueueStats::teardown_failures`. `ENOMEM` as
+    /// for [`Queue::defer`]: the MR or MW is then not torn down, and stays the caller's.
+    pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) -> Result<()> {
+        self.shared.defer_action(lkey, Action::Teardown(teardown))
     }
 
     /// Invalidates `rkey` (a LocalInv of an MR or MW the ULP exposed to its peer) at the first moment it is safe:
@@ -971,9 +1036,10 @@ impl QueueShared {
         }
     }
 
-    fn defer_action(&self, lkey: Option<u32>, action: Action) {
+    fn defer_action(&self, lkey: Option<u32>, action: Action) -> Result<()> {
         {
             let mut st = self.state.borrow_mut();
+            st.barriers.reserve(1)?;
             let target = match lkey.and_then(|k| st.tracked.iter().find(|t| t.lkey == k)) {
                 Some(t) => t.last_use,
                 None => st.send.accepted(),
@@ -981,6 +1047,7 @@ impl QueueShared {
             st.barriers.push(target, action);
         }
         self.run_releases();
+        Ok(())
     }
 
     fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
@@ -993,7 +1060,9 @@ impl QueueShared {
             if fence && st.send.credits() == 0 && st.send.backlog_len() == st.send.backlog_capacity() {
                 return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
             }
-            let id = st.new_op(Op { rkey, fence, wr_id, done });
+            // Room for the barrier that posts it (or retries it when the SQ and the backlog are full).
+            st.barriers.reserve(1)?;
+            let id = st.new_op(Op { rkey, fence, wr_id, done })?;
             if fence {
                 drop(st);
                 self.post_op(id);
@@ -1274,15 +1343,20 @@ impl QueueState {
         }
     }
 
-    fn new_op(&mut self, op: Op) -> u32 {
+    /// Stores a pending operation; `ENOMEM` if its record cannot be allocated. `free_ops` keeps room for every
+    /// operation, so that retiring one (in a release) never allocates.
+    fn new_op(&mut self, op: Op) -> Result<u32> {
         match self.free_ops.pop() {
             Some(id) => {
                 self.ops[id as usize] = Some(op);
-                id
+                Ok(id)
             }
             None => {
+                crate::alloc::reserve(&mut self.ops, 1, "the queue's pending invalidations")?;
+                let more = (self.ops.len() + 1).saturating_sub(self.free_ops.len());
+                crate::alloc::reserve(&mut self.free_ops, more, "the queue's pending invalidations")?;
                 self.ops.push(Some(op));
-                (self.ops.len() - 1) as u32
+                Ok((self.ops.len() - 1) as u32)
             }
         }
     }

@@ -37,7 +37,7 @@ pub const SQD_CQ_THREAD_SAFE: u32 = 1;
 /// at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
-/// `cqe <= 0`).
+/// `cqe <= 0`), `-ENOMEM` (the handle could not be allocated; `sqd_last_error()` names the bytes).
 #[no_mangle]
 pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) -> i32 {
     ffi_boundary!({
@@ -51,8 +51,13 @@ pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) 
             Ok(h) => h,
             Err(e) => return fail(&e),
         };
-        *out = Box::into_raw(Box::new(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0)));
-        0
+        match crate::alloc::boxed(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0), "the CQ handle") {
+            Ok(b) => {
+                *out = Box::into_raw(b);
+                0
+            }
+            Err(e) => fail(&e),
+        }
     })
 }
 

@@ -15,6 +15,7 @@ use super::opcode::{WC_SUCCESS, WC_WR_FLUSH_ERR};
 use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
 use super::token::Token;
+use crate::error::Result;
 
 /// What a backlog entry must tell the core about the WR it holds.
 pub trait Parked {
@@ -110,9 +111,9 @@ pub enum Closed {
 }
 
 impl<T: Parked> SendState<T> {
-    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> SendState<T> {
-        SendState {
-            ring: SlotRing::new(depth),
+    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> Result<SendState<T>> {
+        Ok(SendState {
+            ring: SlotRing::new(depth, "the send ring")?,
             depth,
             policy: SignalPolicy::new(signal_interval),
             backlog,
@@ -123,7 +124,7 @@ impl<T: Parked> SendState<T> {
             draining: false,
             abandoned: false,
             counters: SendCounters::default(),
-        }
+        })
     }
 
     pub fn depth(&self) -> u32 {
@@ -462,6 +463,10 @@ impl<D> Barriers<D> {
     /// Adds an action that runs once `released` reaches `target`. Actions run in target order, and in the order
     /// they were added among equal targets (a precise per-MR barrier may have an earlier target than a
     /// queue-wide one added before it).
+    /// Room for `more` actions beyond those waiting, so that as many `push` calls allocate nothing.
+    pub fn reserve(&mut self, more: usize) -> Result<()> {
+        crate::alloc::reserve_deque(&mut self.waiting, more, "the queue's deferred actions")
+    }
     pub fn push(&mut self, target: u64, action: D) {
         let at = self.waiting.iter().rposition(|(t, _)| *t <= target).map_or(0, |i| i + 1);
         self.waiting.insert(at, (target, action));
