@@ -54,15 +54,23 @@ mkdir -p "$out"/{dynamic,static,sanitize,probes,logs}
 passed=0 failed=0 skipped=0
 
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
-# A passed run whose log has "SKIP <check>: <why>" lines (a check that cannot run in that mode): they are shown
-# under its PASS line and counted, so that a skipped check never reads as a passed one.
-skips() {
+# A run that exited 0 (name, log). Its "SKIP <check>: <why>" lines (checks that cannot run in that mode) are
+# shown and counted, so that a skipped check never reads as a passed one: a run that passed checks as well is
+# a PASS with its SKIP lines under it; a run that only skipped is a SKIP, not a PASS.
+passed_run() {
     local n
-    n=$(grep -c '^SKIP' "$1" || true)
-    if [ "$n" -gt 0 ]; then
-        grep '^SKIP' "$1" | sed 's/^/    | /'
-        skipped=$((skipped + n))
+    n=$(grep -c '^SKIP' "$2" || true)
+    if [ "$n" -eq 0 ]; then
+        pass "$1"
+        return
     fi
+    skipped=$((skipped + n))
+    if grep -q '^PASS' "$2"; then
+        pass "$1"
+    else
+        echo "SKIP $1: every check of it skipped in this mode"
+    fi
+    grep '^SKIP' "$2" | sed 's/^/    | /'
 }
 fail() {
     echo "FAIL $1"
@@ -142,8 +150,7 @@ for src in "${tests[@]}"; do
         echo "libsqdisc resolves to '$resolved'" > "$logs.dynamic.run"
         fail "$t [dynamic]: libsqdisc does not come from the stage" "$logs.dynamic.run"
     elif run_dyn "$logs.dynamic.run" "$exe"; then
-        pass "$t [dynamic]"
-        skips "$logs.dynamic.run"
+        passed_run "$t [dynamic]" "$logs.dynamic.run"
     else
         fail "$t [dynamic]: exit $?" "$logs.dynamic.run"
     fi
@@ -156,8 +163,7 @@ for src in "${tests[@]}"; do
         cp "$logs.static.dynamic" "$logs.static.build"
         fail "$t [static]: still needs libsqdisc.so" "$logs.static.build"
     elif env -u LD_LIBRARY_PATH "$exe_s" > "$logs.static.run" 2>&1; then
-        pass "$t [static]"
-        skips "$logs.static.run"
+        passed_run "$t [static]" "$logs.static.run"
     else
         fail "$t [static]: exit $?" "$logs.static.run"
     fi
@@ -172,16 +178,14 @@ for src in "${tests[@]}"; do
         grep -E '__(asan|ubsan)' "$logs.sanitize.nm" > "$logs.sanitize.build" || true
         fail "$t [sanitize]: the binary is not instrumented (no __asan_init / __ubsan_handle_*)" "$logs.sanitize.build"
     elif run_dyn "$logs.sanitize.run" "$exe_z"; then
-        pass "$t [sanitize]"
-        skips "$logs.sanitize.run"
+        passed_run "$t [sanitize]" "$logs.sanitize.run"
     else
         fail "$t [sanitize]: exit $?" "$logs.sanitize.run"
     fi
 
     # valgrind
     if run_dyn "$logs.valgrind.run" "${VALGRIND[@]}" "$exe"; then
-        pass "$t [valgrind]"
-        skips "$logs.valgrind.run"
+        passed_run "$t [valgrind]" "$logs.valgrind.run"
     else
         fail "$t [valgrind]: exit $?" "$logs.valgrind.run"
     fi
