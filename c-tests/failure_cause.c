@@ -128,7 +128,7 @@ static void marker_fails_after_a_flush(void)
     CHECK_EQ(st.closed, 1);
     CHECK_EQ(st.failed_status, IBV_WC_REM_OP_ERR);
     CHECK_EQ(st.failed_vendor_err, 0xbeef);
-    EXPECT_ERR(sqd_post_send(w.q, &rd, &bad), EIO, "status 11"); /* IBV_WC_REM_OP_ERR */
+    EXPECT_ERR(sqd_post_send(w.q, &rd, &bad), EIO, "status 11, vendor error 0xbeef"); /* IBV_WC_REM_OP_ERR */
     CHECK_EQ(sqd_queue_drain(w.q), 0);
     world_free();
 }

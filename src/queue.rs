@@ -633,9 +633,12 @@ const EV_QP_LAST_WQE_REACHED: u32 = 16;
 
 fn closed_error(c: Closed) -> Error {
     match c {
-        Closed::Failed(status) => Error::new(
+        Closed::Failed { status, vendor_err } => Error::new(
             libc::EIO,
-            format!("the queue has failed (a completion reported ibv_wc_status {status}); it takes no more WRs"),
+            format!(
+                "the queue has failed (a completion reported ibv_wc_status {status}, vendor error {vendor_err:#x}); \
+                 it takes no more WRs"
+            ),
         ),
         Closed::Draining => Error::new(libc::EIO, "the queue is draining; it takes no more WRs"),
     }

@@ -104,8 +104,8 @@ pub struct SendState<T> {
 /// Why the queue takes no more WRs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closed {
-    /// A completion reported this error status.
-    Failed(u8),
+    /// A completion reported this error status and vendor error (see `SendState::failure`).
+    Failed { status: u8, vendor_err: u32 },
     /// `drain` was called.
     Draining,
 }
@@ -173,7 +173,7 @@ impl<T: Parked> SendState<T> {
     }
     pub fn closed(&self) -> Option<Closed> {
         match (self.failed, self.draining) {
-            (Some(s), _) => Some(Closed::Failed(s)),
+            (Some(s), _) => Some(Closed::Failed { status: s, vendor_err: self.failed_vendor_err }),
             (None, true) => Some(Closed::Draining),
             (None, false) => None,
         }
