@@ -55,6 +55,10 @@
  * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
  * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
  * the CQ. Queues on a thread-safe CQ have their sends and receives on that one CQ.
+ *
+ * In event mode the poller may sleep on the channel while other threads post: a post made after
+ * `sqd_cq_arm` and before the next `sqd_cq_poll` that leaves an unsignaled tail covers it at once with a
+ * signaled marker, so its WRs still produce a completion that raises the event (see `sqd_cq_arm`).
  */
 #define SQD_CQ_THREAD_SAFE 1
 
@@ -289,7 +293,8 @@ struct sqd_queue_stats {
      */
     uint64_t signaled_by_policy;
     /**
-     * Zero-length signaled markers posted to cover an idle unsignaled tail or a drain.
+     * Zero-length signaled markers posted to cover an idle unsignaled tail, a drain, or the unsignaled tail
+     * of a post made while the send CQ is armed (`sqd_cq_arm`).
      */
     uint64_t markers;
     /**
@@ -349,9 +354,14 @@ struct sqd_queue_stats {
      */
     uint32_t signal_interval;
     /**
-     * The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
-     * library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
-     * `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
+     * The `ibv_wc_status` that failed the queue, else 0: that of the first error completion of its sends whose
+     * status is not `IBV_WC_WR_FLUSH_ERR` (a device may flush earlier WRs before it reports the error that
+     * put the QP in the error state). It is `IBV_WC_WR_FLUSH_ERR` only while no other error status has been
+     * reaped: the QP was moved to the error state from outside, or an async event failed the queue (the
+     * completions reaped after that are swallowed and change nothing). The failing WR may be one of the
+     * library's own (an idle-tail or drain marker, or a deferred LocalInv), whose completion `sqd_cq_poll`
+     * never shows: the ULP's WRs then release with `IBV_WC_WR_FLUSH_ERR` only, and this field and
+     * `failed_vendor_err` are where the cause shows.
      */
     uint32_t failed_status;
     /**
@@ -363,6 +373,12 @@ struct sqd_queue_stats {
      * deregistration has run.
      */
     uint32_t tracked_mrs;
+    /**
+     * The `vendor_err` of the completion whose status `failed_status` holds (0 when it had none, or when an
+     * async event failed the queue). It sits in what was padding before it, so the struct's size and the
+     * offsets of the other fields are those of earlier versions.
+     */
+    uint32_t failed_vendor_err;
     /**
      * Deferred deregistrations or deallocations that failed.
      */
@@ -472,7 +488,7 @@ int32_t sqd_cq_new(struct ibv_cq *cq, struct sqd_cq **out);
  * at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
  *
  * Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
- * `cqe <= 0`).
+ * `cqe <= 0`), `-ENOMEM` (the handle could not be allocated; `sqd_last_error()` names the bytes).
  */
 int32_t sqd_cq_new_ex(struct ibv_cq *cq, uint32_t flags, struct sqd_cq **out);
 
@@ -499,7 +515,8 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * unsignaled tail and receives no post during one whole poll cycle gets a signaled zero-length RDMA WRITE.
  * So every WR is covered by a signaled WQE, without further posts, no later than the end of the second
  * `sqd_cq_poll` after it reached the SQ (in the post call, or in the poll that moved it from the backlog), or
- * at once by `sqd_cq_arm`, and is released when that WQE's CQE is polled.
+ * at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
+ * polled.
  *
  * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
  * returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
@@ -535,7 +552,16 @@ int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
  *
  * Returns 0 when the CQ is armed and was empty: sleep on the channel (`ibv_get_cq_event`, or epoll on its
  * fd), then `ibv_ack_cq_events` and poll. A positive count: handle them, then poll again (and re-arm) before
- * sleeping. Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
+ * sleeping.
+ *
+ * Unsignaled WRs produce no completion, and a sleeping poller no poll to cover them. So every unsignaled tail
+ * of the CQ's queues gets its signaled marker in this call, and from this call until the next `sqd_cq_poll`
+ * of the CQ (the one inside a later `sqd_cq_arm` included), every post to a queue whose sends complete on it
+ * (`sqd_post_send`, from any thread on a `SQD_CQ_THREAD_SAFE` CQ, or from the poller itself before it
+ * sleeps) that leaves an unsignaled tail posts the marker at once: one more WQE and CQE per such post
+ * (counted in `sqd_queue_stats.markers`), whose completion raises the event when the CQ is armed for every
+ * completion (`solicited_only` 0; armed for solicited completions only, a successful send completion raises
+ * none, as in verbs). Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
  * notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
  */
 int32_t sqd_cq_arm(struct sqd_cq *cq,
@@ -611,14 +637,20 @@ const char *sqd_version(void);
  * every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
  * has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
+ * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
+ * backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
+ * `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
+ * limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
+ * `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+ *
  * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
  * a time, the one that uses the queue's CQs.
  *
  * Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
  * `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ, an `attr->srq` with a
  * thread-safe send or receive CQ: SRQs are managed on single-threaded CQs only), `-EBUSY` (the QP is
- * already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
- * `sqd_srq_release_all`).
+ * already managed on that CQ), `-ENOSPC` (CQ budget), `-ENOMEM` (see above), `-EIO` (`attr->srq` had its
+ * receives released by `sqd_srq_release_all`).
  */
 int32_t sqd_queue_new(struct sqd_cq *send_cq,
                       struct sqd_cq *recv_cq,
@@ -688,7 +720,8 @@ int32_t sqd_post_recv(struct sqd_queue *q, struct ibv_recv_wr *wr, struct ibv_re
  * after the last of those releases, before any later one. If they all are already, it runs before this call
  * returns. Deferred MR deregistration or invalidation and "buffer may be reused" hooks are built on it.
  *
- * Returns 0 or `-EINVAL` (NULL `q` or `fn`).
+ * Returns 0, or `-EINVAL` (NULL `q` or `fn`), `-ENOMEM` (no room for the action could be allocated; `fn`
+ * will not be called).
  */
 int32_t sqd_defer(struct sqd_queue *q, sqd_defer_fn fn, void *ctx);
 
@@ -746,7 +779,8 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room).
+ * (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+ * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,
                        uint32_t rkey,
@@ -779,7 +813,7 @@ int32_t sqd_queue_untrack_mr(struct sqd_queue *q, const struct ibv_mr *mr);
  * accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
  * if that is already so. "Buffer may be reused" hooks for one MR build on it.
  *
- * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
+ * Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`), `-ENOMEM` (as for `sqd_defer`).
  */
 int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn fn, void *ctx);
 
@@ -791,7 +825,8 @@ int32_t sqd_defer_mr(struct sqd_queue *q, const struct ibv_mr *mr, sqd_defer_fn 
  * lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
  * deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
  *
- * Returns 0, or `-EINVAL` (NULL argument).
+ * Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deregistration could be allocated:
+ * `mr` stays yours).
  */
 int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
                            struct ibv_mr *mr);
@@ -801,7 +836,8 @@ int32_t sqd_defer_dereg_mr(struct sqd_queue *q,
  * the queue so far is released. Ownership of `mw` passes to the queue. A failure counts in
  * `sqd_queue_stats.teardown_failures`.
  *
- * Returns 0, or `-EINVAL` (NULL argument).
+ * Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deallocation could be allocated:
+ * `mw` stays yours).
  */
 int32_t sqd_defer_dealloc_mw(struct sqd_queue *q, struct ibv_mw *mw);
 
@@ -839,7 +875,8 @@ int32_t sqd_queue_async_event(struct sqd_queue *q, uint32_t type);
  * the CQs of its queues (not for thread-safe CQs).
  *
  * Returns 0, or `-EINVAL` (NULL argument, depth 0 or too large, low watermark above depth, nonzero flags, an
- * SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096).
+ * SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096), `-ENOMEM`
+ * (its storage could not be allocated; `sqd_last_error()` names the bytes).
  */
 int32_t sqd_srq_new(struct ibv_srq *srq,
                     const struct sqd_srq_attr *attr,

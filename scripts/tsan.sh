@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ThreadSanitizer on the thread-safe mode: c-tests/threads.c (posting threads and a poller on one
-# SQD_CQ_THREAD_SAFE CQ) built with gcc -fsanitize=thread against a libsqdisc.so whose Rust code, standard
+# SQD_CQ_THREAD_SAFE CQ) and c-tests/armed_tail.c (a poller asleep on an armed CQ's channel while another
+# thread posts) built with gcc -fsanitize=thread against a libsqdisc.so whose Rust code, standard
 # library included, is instrumented too (nightly rustc -Zsanitizer=thread -Zbuild-std). An uninstrumented
 # library hides its locks from TSan, which then reports races on everything they protect; instrumented, the
 # run must be clean with no suppression at all.
@@ -52,7 +53,7 @@ fi
 echo "tsan: PASS probe: a race inside the library is reported"
 
 failed=0
-for t in threads; do
+for t in threads armed_tail; do
     build "$out/$t" "c-tests/$t.c"
     rc=0
     "$out/$t" > "$out/$t.log" 2>&1 || rc=$?

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::alloc;
 use crate::discipline::budget::CqBudget;
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
@@ -48,6 +49,9 @@ pub(crate) struct CqShared {
     /// The counters the data path bumps, kept out of `state` so that bumping one takes no borrow.
     counts: Counts,
     polling: Cell<bool>,
+    /// `arm` armed the CQ and no poll has run since: the ULP may be asleep on the channel, so no poll may come
+    /// to cover an unsignaled tail. A post that leaves one covers it at once instead (`QueueShared::post_send`).
+    armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
 }
@@ -125,6 +129,7 @@ impl Cq {
                 }),
                 counts: Counts::default(),
                 polling: Cell::new(false),
+                armed: Cell::new(false),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
             }),
         }
@@ -193,9 +198,15 @@ impl Cq {
         if event != crate::queue::EV_CQ_ERR {
             return Err(Error::invalid(format!("event {event} is not an event of a CQ (IBV_EVENT_CQ_ERR is 0)")));
         }
-        let queues: Vec<Rc<QueueShared>> = self.shared.state.borrow().table.iter().flatten().cloned().collect();
-        for q in queues {
-            q.abandon();
+        // One queue at a time, by table index, so that no list of them is allocated. A release callback may free
+        // queues or attach new ones meanwhile: one attached into an entry not visited yet is released too (this
+        // CQ will deliver no CQE to it either).
+        let entries = self.shared.state.borrow().table.len();
+        for i in 0..entries {
+            let q = self.shared.state.borrow().table.get(i).cloned().flatten();
+            if let Some(q) = q {
+                q.abandon();
+            }
         }
         Ok(())
     }
@@ -207,13 +218,17 @@ impl Cq {
     ///
     /// Because the caller is about to sleep, there is no next poll to cover an unsignaled tail (WRs this very
     /// poll moved from a backlog, or posted just before): every such tail gets its marker now, whose CQE then
-    /// raises the event.
+    /// raises the event. For the same reason, until the next poll of this CQ, a post to a queue whose sends
+    /// complete here that leaves an unsignaled tail covers it with a marker at once (one more WQE and CQE per
+    /// such post), so a post made while the poller sleeps (from another thread, or by the poller itself before
+    /// it sleeps) still produces a CQE.
     pub fn arm(&self, solicited_only: bool, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.handle.req_notify(solicited_only)?;
         let n = self.shared.poll(out)?;
         if n == 0 {
             self.shared.cover_idle_tails(true);
         }
+        self.shared.armed.set(true);
         Ok(n)
     }
 
@@ -242,6 +257,18 @@ impl CqShared {
             }
             None => st.table.len() as u32,
         };
+        // Room first, so that a failure changes nothing. A queue is watched at most once at a time, and a table
+        // entry is freed at most once: with room for every table entry in `watch` and `free`, neither grows
+        // (allocates) on the data path or when a queue is freed. Likewise `retired` has room for every queue
+        // attached here to be freed with completions still to come.
+        let entries = st.table.len() + usize::from(st.free.last() != Some(&index));
+        let (watch_more, free_more) = (entries - st.watch.len(), entries - st.free.len());
+        alloc::reserve(&mut st.table, 1, "the CQ's table of queues")?;
+        alloc::reserve(&mut st.watch, watch_more, "the CQ's idle-tail watch list")?;
+        alloc::reserve(&mut st.free, free_more, "the CQ's free list")?;
+        let retire_more = st.by_qp.len() + 1;
+        alloc::reserve_map(&mut st.retired, retire_more, "the CQ's map of freed queues' late completions")?;
+        alloc::reserve_map(&mut st.by_qp, 1, "the CQ's map of QP numbers")?;
         st.budget.reserve(need, what)?;
         if st.free.last() == Some(&index) {
             st.free.pop();
@@ -250,13 +277,6 @@ impl CqShared {
         }
         st.by_qp.insert(qp_num, index);
         st.retired.remove(&qp_num);
-        // A queue is watched at most once at a time: with room for every table entry, `watch` never grows
-        // (allocates) on the data path.
-        let entries = st.table.len();
-        if st.watch.capacity() < entries {
-            let more = entries - st.watch.len();
-            st.watch.reserve(more);
-        }
         Ok(index)
     }
 
@@ -268,6 +288,7 @@ impl CqShared {
             return Ok(());
         }
         let depth = srq.depth() as u64;
+        alloc::reserve(&mut st.srqs, 1, "the CQ's list of SRQs")?;
         st.budget.reserve_extra(depth, &format!("SRQ depth {depth}, reserved once for all its queues here"))?;
         st.srqs.push((srq.id, srq.clone(), 1));
         Ok(())
@@ -281,6 +302,12 @@ impl CqShared {
             let (_, srq, _) = st.srqs.swap_remove(i);
             st.budget.release_extra(srq.depth() as u64);
         }
+    }
+
+    /// Armed by `Cq::arm`, and not polled since.
+    #[inline]
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.get()
     }
 
     pub(crate) fn empty_polls(&self) -> u64 {
@@ -325,6 +352,7 @@ impl CqShared {
             return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
         }
         let _guard = ResetOnDrop(&self.polling);
+        self.armed.set(false);
         bump(&self.counts.polls, 1);
         let mut kept = 0;
         // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
@@ -419,8 +447,9 @@ impl CqShared {
         if r.is_done() {
             st.retired.remove(&qp_num);
             // Give back the room of a burst of freed queues once most of them are forgotten.
+            // Keep room for every attached queue to be freed without allocating (`attach`).
             if st.retired.capacity() > 64 && st.retired.len() < st.retired.capacity() / 4 {
-                let keep = st.retired.len() * 2;
+                let keep = (st.retired.len() * 2).max(st.retired.len() + st.by_qp.len());
                 st.retired.shrink_to(keep);
             }
         }

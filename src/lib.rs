@@ -9,6 +9,7 @@
 //! objects (through the `struct ibv_context` ops table); [`Cq`] and [`Queue`] join the two into the public Rust
 //! API; `capi` is the C ABI, a thin client of that API. [`scripted`] is a scripted verbs device for tests.
 
+mod alloc;
 mod completion;
 mod cq;
 pub mod discipline;

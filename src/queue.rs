@@ -120,7 +120,8 @@ pub struct QueueStats {
     pub signaled_by_ulp: u64,
     /// WQEs signaled by the moderation policy (interval or last free slot).
     pub signaled_by_policy: u64,
-    /// Zero-length signaled markers posted to cover an idle unsignaled tail or a drain.
+    /// Zero-length signaled markers posted to cover an idle unsignaled tail, a drain, or the unsignaled tail
+    /// of a post made while the send CQ is armed (`sqd_cq_arm`).
     pub markers: u64,
     /// Send CQEs reaped.
     pub send_cqes: u64,
@@ -150,15 +151,24 @@ pub struct QueueStats {
     pub deferred: u32,
     /// The signal interval in force.
     pub signal_interval: u32,
-    /// The `ibv_wc_status` of the completion that failed the queue, else 0. The failing WR may be one of the
-    /// library's own (an idle-tail or drain marker, or a deferred LocalInv): the ULP's WRs then release with
-    /// `IBV_WC_WR_FLUSH_ERR` only, and this field is where the cause shows.
+    /// The `ibv_wc_status` that failed the queue, else 0: that of the first error completion of its sends whose
+    /// status is not `IBV_WC_WR_FLUSH_ERR` (a device may flush earlier WRs before it reports the error that
+    /// put the QP in the error state). It is `IBV_WC_WR_FLUSH_ERR` only while no other error status has been
+    /// reaped: the QP was moved to the error state from outside, or an async event failed the queue (the
+    /// completions reaped after that are swallowed and change nothing). The failing WR may be one of the
+    /// library's own (an idle-tail or drain marker, or a deferred LocalInv), whose completion `sqd_cq_poll`
+    /// never shows: the ULP's WRs then release with `IBV_WC_WR_FLUSH_ERR` only, and this field and
+    /// `failed_vendor_err` are where the cause shows.
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
     pub closed: u32,
     /// MRs tracked precisely now (`sqd_queue_track_mr`); one handed to `sqd_defer_dereg_mr` counts until its
     /// deregistration has run.
     pub tracked_mrs: u32,
+    /// The `vendor_err` of the completion whose status `failed_status` holds (0 when it had none, or when an
+    /// async event failed the queue). It sits in what was padding before it, so the struct's size and the
+    /// offsets of the other fields are those of earlier versions.
+    pub failed_vendor_err: u32,
     /// Deferred deregistrations or deallocations that failed.
     pub teardown_failures: u64,
     /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
@@ -217,6 +227,65 @@ pub(crate) struct QueueShared {
     srq: Option<Rc<SrqShared>>,
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
     last_wqe_at: Cell<Option<u64>>,
+}
+
+/// What a queue allocates at creation: everything whose size its configuration decides.
+struct QueueStorage {
+    send: SendState<StagedWr>,
+    recv: Option<RecvState>,
+    verify: Option<VerifyStore>,
+}
+
+impl QueueStorage {
+    /// Allocates the storage of a queue of configuration `c`; `ENOMEM` names the bytes that could not be
+    /// allocated and the queue's total.
+    fn new(c: &QueueConfig, interval: u32, recv: bool) -> Result<QueueStorage> {
+        Self::allocate(c, interval, recv).map_err(|e| {
+            Error::new(
+                e.errno(),
+                format!(
+                    "{}; the queue (sq_depth {}, rq_depth {}, backlog_depth {}, max_send_sge {}, max_inline_data {}, \
+                     buffer verification {}) needs {} bytes in all",
+                    e.message(),
+                    c.sq_depth,
+                    if recv { c.rq_depth } else { 0 },
+                    c.backlog_depth,
+                    c.max_send_sge,
+                    c.max_inline_data,
+                    if c.verify_buffers { "on" } else { "off" },
+                    Self::bytes(c, recv)
+                ),
+            )
+        })
+    }
+
+    fn allocate(c: &QueueConfig, interval: u32, recv: bool) -> Result<QueueStorage> {
+        let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data))?;
+        Ok(QueueStorage {
+            send: SendState::new(c.sq_depth, interval, backlog)?,
+            recv: if recv { Some(RecvState::new(c.rq_depth)?) } else { None },
+            verify: if c.verify_buffers {
+                Some(VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Bytes of the queue, as `Queue::footprint` counts them: its fixed part and what `allocate` asks for.
+    fn bytes(c: &QueueConfig, recv: bool) -> u64 {
+        let slot = std::mem::size_of::<Slot>() as u64;
+        let ring = |depth: u32| (depth.max(1) as u64).next_power_of_two() * slot;
+        let mut n = std::mem::size_of::<QueueShared>() as u64 + ring(c.sq_depth);
+        n += c.backlog_depth as u64 * StagedWr::footprint_for(c.max_send_sge, c.max_inline_data) as u64;
+        if recv {
+            n += ring(c.rq_depth);
+        }
+        if c.verify_buffers {
+            n += VerifyStore::footprint_for(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge) as u64;
+        }
+        n
+    }
 }
 
 /// The managed send queue (and optionally receive queue) of one RC QP.
@@ -362,6 +431,8 @@ impl Queue {
         } else {
             format!("sq_depth {} + {marker}", c.sq_depth)
         };
+        // The queue's storage, allocated before anything is attached so that a failure leaves nothing to undo.
+        let storage = QueueStorage::new(&c, interval, recv_cq.is_some() && srq.is_none())?;
         let qp_num = qp.qp_num();
         let send_index = send_cq.shared.attach(qp_num, send_need, &what)?;
         let recv_index = match recv_cq {
@@ -385,7 +456,6 @@ impl Queue {
             srq.shared.queues.set(srq.shared.queues.get() + 1);
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
-        let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data));
         let shared = Rc::new(QueueShared {
             qp,
             limits,
@@ -397,16 +467,14 @@ impl Queue {
             send_need,
             recv_need,
             state: RefCell::new(QueueState {
-                send: SendState::new(c.sq_depth, interval, backlog),
-                recv: recv_cq.filter(|_| srq.is_none()).map(|_| RecvState::new(c.rq_depth)),
+                send: storage.send,
+                recv: storage.recv,
                 barriers: Barriers::default(),
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 tracked: Vec::new(),
                 teardown_failures: 0,
-                verify: c
-                    .verify_buffers
-                    .then(|| VerifyStore::new(c.sq_depth as usize + c.backlog_depth as usize, c.max_send_sge)),
+                verify: storage.verify,
                 verify_mismatches: 0,
                 doorbells: 0,
                 last_refusal: None,
@@ -447,11 +515,17 @@ impl Queue {
         self.shared.post_recv(chain)
     }
 
-    /// Runs `action` once every send WR accepted so far is released (at once if that is already so).
-    pub fn defer(&self, action: Deferred) {
-        let target = self.shared.state.borrow().send.accepted();
-        self.shared.state.borrow_mut().barriers.push(target, Action::User(action));
+    /// Runs `action` once every send WR accepted so far is released (at once if that is already so). `ENOMEM`
+    /// (and `action` dropped, not run) if no room for it can be allocated.
+    pub fn defer(&self, action: Deferred) -> Result<()> {
+        {
+            let mut st = self.shared.state.borrow_mut();
+            st.barriers.reserve(1)?;
+            let target = st.send.accepted();
+            st.barriers.push(target, Action::User(action));
+        }
         self.shared.run_releases();
+        Ok(())
     }
 
     /// Tracks the uses of the MR with `lkey` precisely: from now on the queue remembers the newest WR whose SGEs
@@ -481,18 +555,20 @@ impl Queue {
     /// Runs `action` once no in-flight WR of this queue can reference the MR with `lkey`: when it is tracked,
     /// after the release of the newest WR that uses it or of the last WR accepted before it was tracked,
     /// whichever was accepted later; else after every WR accepted so far (at once if that is already so).
-    pub fn defer_mr(&self, lkey: u32, action: Deferred) {
-        self.shared.defer_action(Some(lkey), Action::User(action));
+    /// `ENOMEM` as for [`Queue::defer`].
+    pub fn defer_mr(&self, lkey: u32, action: Deferred) -> Result<()> {
+        self.shared.defer_action(Some(lkey), Action::User(action))
     }
 
     /// Deregisters an MR (or deallocates an MW) once no in-flight WR can reference it: as [`Queue::defer_mr`]
     /// with the MR's `lkey`, or after every WR accepted so far with `None` (memory windows, which WRs reference
     /// by rkey at the peer). An MR tracked on this queue ([`Queue::track_mr`]) when it is handed over is
     /// untracked when the deregistration runs, whether that succeeds or not. A failed deregistration is counted in
-    /// `QueueStats::teardown_failures`.
-    pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) {
+    /// `QueueStats::teardown_failures`. `ENOMEM` as for [`Queue::defer`]: the MR or MW is then not torn down, and
+    /// stays the caller's.
+    pub fn defer_teardown(&self, lkey: Option<u32>, teardown: Teardown) -> Result<()> {
         let untrack = lkey.filter(|&k| self.shared.state.borrow().tracked.iter().any(|t| t.lkey == k));
-        self.shared.defer_action(lkey, Action::Teardown { teardown, untrack });
+        self.shared.defer_action(lkey, Action::Teardown { teardown, untrack })
     }
 
     /// Invalidates `rkey` (a LocalInv of an MR or MW the ULP exposed to its peer) at the first moment it is safe:
@@ -607,9 +683,12 @@ const EV_QP_LAST_WQE_REACHED: u32 = 16;
 
 fn closed_error(c: Closed) -> Error {
     match c {
-        Closed::Failed(status) => Error::new(
+        Closed::Failed { status, vendor_err } => Error::new(
             libc::EIO,
-            format!("the queue has failed (a completion reported ibv_wc_status {status}); it takes no more WRs"),
+            format!(
+                "the queue has failed (a completion reported ibv_wc_status {status}, vendor error {vendor_err:#x}); \
+                 it takes no more WRs"
+            ),
         ),
         Closed::Draining => Error::new(libc::EIO, "the queue is draining; it takes no more WRs"),
     }
@@ -765,6 +844,10 @@ impl QueueShared {
             }
         }
         if st.send.has_unsignaled_tail() {
+            // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
+            if self.send_cq.is_armed() && self.post_marker(st) {
+                return result;
+            }
             self.posted_since_poll.set(true);
             if !self.watched.get() {
                 self.watched.set(true);
@@ -1020,9 +1103,10 @@ impl QueueShared {
         }
     }
 
-    fn defer_action(&self, lkey: Option<u32>, action: Action) {
+    fn defer_action(&self, lkey: Option<u32>, action: Action) -> Result<()> {
         {
             let mut st = self.state.borrow_mut();
+            st.barriers.reserve(1)?;
             let target = match lkey.and_then(|k| st.tracked.iter().find(|t| t.lkey == k)) {
                 Some(t) => t.last_use,
                 None => st.send.accepted(),
@@ -1030,6 +1114,7 @@ impl QueueShared {
             st.barriers.push(target, action);
         }
         self.run_releases();
+        Ok(())
     }
 
     fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
@@ -1042,7 +1127,9 @@ impl QueueShared {
             if fence && st.send.credits() == 0 && st.send.backlog_len() == st.send.backlog_capacity() {
                 return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
             }
-            let id = st.new_op(Op { rkey, fence, wr_id, done });
+            // Room for the barrier that posts it (or retries it when the SQ and the backlog are full).
+            st.barriers.reserve(1)?;
+            let id = st.new_op(Op { rkey, fence, wr_id, done })?;
             if fence {
                 drop(st);
                 self.post_op(id);
@@ -1280,10 +1367,8 @@ impl QueueShared {
             recv_outstanding: recv.map_or(0, |r| r.outstanding() as u32),
             deferred: st.barriers.len() as u32,
             signal_interval: st.send.signal_interval(),
-            failed_status: match st.send.closed() {
-                Some(Closed::Failed(s)) => s as u32,
-                _ => 0,
-            },
+            failed_status: st.send.failure().map_or(0, |(s, _)| s as u32),
+            failed_vendor_err: st.send.failure().map_or(0, |(_, v)| v),
             closed: st.send.closed().is_some() as u32,
             tracked_mrs: st.tracked.len() as u32,
             teardown_failures: st.teardown_failures,
@@ -1364,15 +1449,20 @@ impl QueueState {
         }
     }
 
-    fn new_op(&mut self, op: Op) -> u32 {
+    /// Stores a pending operation; `ENOMEM` if its record cannot be allocated. `free_ops` keeps room for every
+    /// operation, so that retiring one (in a release) never allocates.
+    fn new_op(&mut self, op: Op) -> Result<u32> {
         match self.free_ops.pop() {
             Some(id) => {
                 self.ops[id as usize] = Some(op);
-                id
+                Ok(id)
             }
             None => {
+                crate::alloc::reserve(&mut self.ops, 1, "the queue's pending invalidations")?;
+                let more = (self.ops.len() + 1).saturating_sub(self.free_ops.len());
+                crate::alloc::reserve(&mut self.free_ops, more, "the queue's pending invalidations")?;
                 self.ops.push(Some(op));
-                (self.ops.len() - 1) as u32
+                Ok((self.ops.len() - 1) as u32)
             }
         }
     }

@@ -43,6 +43,7 @@ fn take_id() -> Result<u32> {
     if ids.len() as u32 >= MAX_SRQS {
         return Err(Error::new(libc::ENOSPC, format!("too many managed SRQs (at most {MAX_SRQS} at once)")));
     }
+    crate::alloc::reserve(&mut ids, 1, "the table of SRQ ids")?;
     ids.push(true);
     Ok(ids.len() as u32 - 1)
 }
@@ -96,14 +97,19 @@ impl Srq {
         if low_watermark > depth {
             return Err(Error::invalid(format!("low_watermark {low_watermark} is above the SRQ depth {depth}")));
         }
+        // Storage first, so that a failure leaves nothing to undo. `due` holds at most every posted receive:
+        // reserved now, it never grows (allocates) while releasing.
+        let slots = SrqSlots::new(depth)?;
+        let mut due = std::collections::VecDeque::new();
+        crate::alloc::reserve_deque(&mut due, depth as usize, "the SRQ's due releases")?;
         let id = take_id()?;
         Ok(Srq {
             shared: Rc::new(SrqShared {
                 handle,
                 id,
                 state: RefCell::new(SrqState {
-                    slots: SrqSlots::new(depth),
-                    due: std::collections::VecDeque::new(),
+                    slots,
+                    due,
                     low_armed: true,
                     low_events: 0,
                 }),

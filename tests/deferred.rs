@@ -125,9 +125,9 @@ fn a_tracked_mr_is_released_as_soon_as_the_wrs_using_it_are() {
     rig.post(&mut with_lkey(Chain::sends(0..6, 0), 0, 100)).unwrap();
     let fired_after: Rc<RefCell<Vec<(&str, usize)>>> = Rc::default();
     let (f, log) = (fired_after.clone(), rig.log.clone());
-    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr100", log.borrow().len())))));
+    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr100", log.borrow().len()))))).unwrap();
     let (f, log) = (fired_after.clone(), rig.log.clone());
-    rig.q().defer_mr(7, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr7", log.borrow().len())))));
+    rig.q().defer_mr(7, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr7", log.borrow().len()))))).unwrap();
     rig.complete(usize::MAX);
     rig.poll_all();
     rig.poll_all();
@@ -142,7 +142,7 @@ fn a_tracked_mr_is_released_as_soon_as_the_wrs_using_it_are() {
     // Unused tracked MR: at once.
     rig.q().track_mr(300).unwrap();
     let f = fired_after.clone();
-    rig.q().defer_mr(300, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr300", 0)))));
+    rig.q().defer_mr(300, Deferred::Closure(Box::new(move || f.borrow_mut().push(("mr300", 0))))).unwrap();
     assert_eq!(fired_after.borrow().len(), 3);
     rig.q().untrack_mr(300).unwrap();
     assert_eq!(rig.q().untrack_mr(300).unwrap_err().errno(), libc::ENOENT);
@@ -171,7 +171,7 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     rig.q().track_mr(100).unwrap();
     rig.post(&mut with_lkey(Chain::sends(0..4, 0), 2, 100)).unwrap();
     // SAFETY: `mr` outlives the queue's use of it below.
-    rig.q().defer_teardown(Some(100), unsafe { Teardown::dereg_mr(&mut mr) });
+    rig.q().defer_teardown(Some(100), unsafe { Teardown::dereg_mr(&mut mr) }).unwrap();
     assert!(DEREGS.with(|d| d.borrow().is_empty()));
     for _ in 0..3 {
         rig.complete(usize::MAX);
@@ -184,7 +184,7 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     let mut mw: rdma_sys::ibv_mw = unsafe { std::mem::zeroed() };
     mw.context = ctx;
     // SAFETY: `mw` outlives the call (nothing is outstanding: it runs at once).
-    rig.q().defer_teardown(None, unsafe { Teardown::dealloc_mw(&mut mw) });
+    rig.q().defer_teardown(None, unsafe { Teardown::dealloc_mw(&mut mw) }).unwrap();
     assert_eq!(rig.q().stats().teardown_failures, 1);
 }
 
@@ -201,7 +201,7 @@ fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
     rig.q().track_mr(201).unwrap();
     rig.post(&mut with_lkey(Chain::sends(0..2, 0), 1, 200)).unwrap();
     // SAFETY: `mr` outlives the queue's use of it below.
-    rig.q().defer_teardown(Some(200), unsafe { Teardown::dereg_mr(&mut mr) });
+    rig.q().defer_teardown(Some(200), unsafe { Teardown::dereg_mr(&mut mr) }).unwrap();
     assert_eq!(rig.q().stats().tracked_mrs, 2, "still tracked while the deregistration waits");
     for _ in 0..3 {
         rig.complete(usize::MAX);
@@ -223,7 +223,7 @@ fn an_mr_tracked_after_wrs_were_accepted_counts_them_as_uses() {
     rig.q().track_mr(100).unwrap();
     let fired_after: Rc<RefCell<Vec<usize>>> = Rc::default();
     let (f, log) = (fired_after.clone(), rig.log.clone());
-    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(log.borrow().len()))));
+    rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(log.borrow().len())))).unwrap();
     assert!(fired_after.borrow().is_empty(), "WRs accepted before the tracking may use the MR");
     // WRs accepted after the tracking that do not use it are not waited for.
     rig.post(&mut Chain::sends(3..6, 0)).unwrap();
@@ -250,8 +250,8 @@ fn a_deferred_action_may_post_and_defer_again() {
         let head = c.link();
         q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
         let f2 = f.clone();
-        q.defer(Deferred::Closure(Box::new(move || f2.borrow_mut().push("second"))));
-    })));
+        q.defer(Deferred::Closure(Box::new(move || f2.borrow_mut().push("second")))).unwrap();
+    }))).unwrap();
     rig.complete(usize::MAX);
     rig.poll_all();
     assert_eq!(*fired.borrow(), vec!["first"]);

@@ -240,13 +240,13 @@ fn deferred_actions_run_after_every_earlier_wr_and_before_later_ones(make: Make)
     let rig = Rig::on(make, config(16, 4, 0), 64);
     let order: Rc<RefCell<Vec<String>>> = Rc::default();
     let o = order.clone();
-    rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || o.borrow_mut().push("idle".into()))));
+    rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || o.borrow_mut().push("idle".into())))).unwrap();
     assert_eq!(*order.borrow(), vec!["idle"], "nothing outstanding: runs at once");
     rig.post(&mut Chain::sends(0..3, 0)).unwrap();
     let (o, log) = (order.clone(), rig.log.clone());
     rig.q().defer(sqdisc::Deferred::Closure(Box::new(move || {
         o.borrow_mut().push(format!("after {} releases", log.borrow().len()))
-    })));
+    }))).unwrap();
     rig.post(&mut Chain::sends(3..5, 0)).unwrap();
     rig.complete(usize::MAX);
     rig.poll_all();

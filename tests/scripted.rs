@@ -534,7 +534,7 @@ fn a_queue_deregisters_a_tracked_scripted_mr_once_its_last_user_is_released() {
     chain.sges[1][0].lkey = lkey;
     rig.post(&mut chain).unwrap();
     // SAFETY: `mr` is a live MR of the rig's device; nothing else deregisters it.
-    rig.q().defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) });
+    rig.q().defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) }).unwrap();
     assert_eq!(rig.dev.mr_count(), 1, "WR 1 may still read it");
     for _ in 0..3 {
         rig.complete(usize::MAX);

@@ -157,11 +157,11 @@ fn a_tracked_mr_used_by_a_backlogged_wr_is_released_right_after_that_wr() {
     assert_eq!(rig.q().stats().backlog, 3);
     let ran_after: Rc<Cell<Option<usize>>> = Rc::default();
     let (log, at) = (rig.log.clone(), ran_after.clone());
-    rig.q().defer_mr(TRACKED, Deferred::Closure(Box::new(move || at.set(Some(log.borrow().len())))));
+    rig.q().defer_mr(TRACKED, Deferred::Closure(Box::new(move || at.set(Some(log.borrow().len()))))).unwrap();
     // An untracked MR waits for every WR accepted so far.
     let untracked_after: Rc<Cell<Option<usize>>> = Rc::default();
     let (log, at) = (rig.log.clone(), untracked_after.clone());
-    rig.q().defer_mr(0x99, Deferred::Closure(Box::new(move || at.set(Some(log.borrow().len())))));
+    rig.q().defer_mr(0x99, Deferred::Closure(Box::new(move || at.set(Some(log.borrow().len()))))).unwrap();
     let mut rounds = 0;
     while rig.log.borrow().len() < 5 {
         rounds += 1;

@@ -312,7 +312,7 @@ fn dereg_on_reply(seed: u64, managed_ulp: bool) -> (bool, bool, bool) {
             Some(m) => {
                 qpost(&m.queue, &mut [w]).unwrap();
                 // SAFETY: a live MR of the sim, deregistered by nothing else.
-                m.queue.defer_teardown(Some(mr_keys(mr).0), unsafe { Teardown::dereg_mr(mr) });
+                m.queue.defer_teardown(Some(mr_keys(mr).0), unsafe { Teardown::dereg_mr(mr) }).unwrap();
             }
             None => assert_eq!(post1(net.a, w), 0),
         }

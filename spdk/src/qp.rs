@@ -433,8 +433,11 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                         w = next;
                     }
                     let pending = q.pending.clone();
-                    q.queue.defer(Deferred::Closure(Box::new(move || pending.borrow_mut().extend(owed))));
-                    Ok(())
+                    match q.queue.defer(Deferred::Closure(Box::new(move || pending.borrow_mut().extend(owed)))) {
+                        Ok(()) => Ok(()),
+                        // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
+                        Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
+                    }
                 }
                 Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
             }

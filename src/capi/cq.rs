@@ -21,6 +21,10 @@ pub extern "C" fn sqd_cq_new(cq: *mut ibv_cq, out: *mut *mut Cq) -> i32 {
 /// polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
 /// call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
 /// the CQ. Queues on a thread-safe CQ have their sends and receives on that one CQ.
+///
+/// In event mode the poller may sleep on the channel while other threads post: a post made after
+/// `sqd_cq_arm` and before the next `sqd_cq_poll` that leaves an unsignaled tail covers it at once with a
+/// signaled marker, so its WRs still produce a completion that raises the event (see `sqd_cq_arm`).
 pub const SQD_CQ_THREAD_SAFE: u32 = 1;
 
 /// Takes `cq` under management and stores the new handle in `*out`.
@@ -33,7 +37,7 @@ pub const SQD_CQ_THREAD_SAFE: u32 = 1;
 /// at a time (the poll-group model) and nothing is locked; with `SQD_CQ_THREAD_SAFE` any thread may use them.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
-/// `cqe <= 0`).
+/// `cqe <= 0`), `-ENOMEM` (the handle could not be allocated; `sqd_last_error()` names the bytes).
 #[no_mangle]
 pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) -> i32 {
     ffi_boundary!({
@@ -47,8 +51,13 @@ pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) 
             Ok(h) => h,
             Err(e) => return fail(&e),
         };
-        *out = Box::into_raw(Box::new(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0)));
-        0
+        match crate::alloc::boxed(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0), "the CQ handle") {
+            Ok(b) => {
+                *out = Box::into_raw(b);
+                0
+            }
+            Err(e) => fail(&e),
+        }
     })
 }
 
@@ -87,7 +96,8 @@ pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
 /// unsignaled tail and receives no post during one whole poll cycle gets a signaled zero-length RDMA WRITE.
 /// So every WR is covered by a signaled WQE, without further posts, no later than the end of the second
 /// `sqd_cq_poll` after it reached the SQ (in the post call, or in the poll that moved it from the backlog), or
-/// at once by `sqd_cq_arm`, and is released when that WQE's CQE is polled.
+/// at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
+/// polled.
 ///
 /// Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
 /// returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
@@ -152,7 +162,16 @@ pub extern "C" fn sqd_cq_stats(cq: *const Cq, out: *mut CqStats) -> i32 {
 ///
 /// Returns 0 when the CQ is armed and was empty: sleep on the channel (`ibv_get_cq_event`, or epoll on its
 /// fd), then `ibv_ack_cq_events` and poll. A positive count: handle them, then poll again (and re-arm) before
-/// sleeping. Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
+/// sleeping.
+///
+/// Unsignaled WRs produce no completion, and a sleeping poller no poll to cover them. So every unsignaled tail
+/// of the CQ's queues gets its signaled marker in this call, and from this call until the next `sqd_cq_poll`
+/// of the CQ (the one inside a later `sqd_cq_arm` included), every post to a queue whose sends complete on it
+/// (`sqd_post_send`, from any thread on a `SQD_CQ_THREAD_SAFE` CQ, or from the poller itself before it
+/// sleeps) that leaves an unsignaled tail posts the marker at once: one more WQE and CQE per such post
+/// (counted in `sqd_queue_stats.markers`), whose completion raises the event when the CQ is armed for every
+/// completion (`solicited_only` 0; armed for solicited completions only, a successful send completion raises
+/// none, as in verbs). Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
 /// notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
 #[no_mangle]
 pub extern "C" fn sqd_cq_arm(cq: *mut Cq, solicited_only: i32, max: i32, wc: *mut ibv_wc) -> i32 {

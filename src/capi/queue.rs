@@ -71,14 +71,20 @@ pub struct QueueAttr {
 /// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
 /// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
+/// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
+/// backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
+/// `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
+/// limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
+/// `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+///
 /// Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
 /// a time, the one that uses the queue's CQs.
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, a depth of 0 or too large, `signal_interval > sq_depth`, unknown
 /// `flags` bits, a QP that is not RC, a CQ that is not the QP's, receives through an SRQ, an `attr->srq` with a
 /// thread-safe send or receive CQ: SRQs are managed on single-threaded CQs only), `-EBUSY` (the QP is
-/// already managed on that CQ), `-ENOSPC` (CQ budget), `-EIO` (`attr->srq` had its receives released by
-/// `sqd_srq_release_all`).
+/// already managed on that CQ), `-ENOSPC` (CQ budget), `-ENOMEM` (see above), `-EIO` (`attr->srq` had its
+/// receives released by `sqd_srq_release_all`).
 #[no_mangle]
 pub extern "C" fn sqd_queue_new(
     send_cq: *mut Cq,
@@ -128,9 +134,9 @@ pub extern "C" fn sqd_queue_new(
                 None => return fail(&Error::invalid("attr->srq is set but recv_cq is NULL: give the QP's receive CQ")),
             }
         };
-        match made {
+        match made.and_then(|q| crate::alloc::boxed(q, "the queue handle")) {
             Ok(q) => {
-                *out = Box::into_raw(Box::new(q));
+                *out = Box::into_raw(q);
                 0
             }
             Err(e) => fail(&e),
@@ -252,7 +258,8 @@ pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mu
 /// after the last of those releases, before any later one. If they all are already, it runs before this call
 /// returns. Deferred MR deregistration or invalidation and "buffer may be reused" hooks are built on it.
 ///
-/// Returns 0 or `-EINVAL` (NULL `q` or `fn`).
+/// Returns 0, or `-EINVAL` (NULL `q` or `fn`), `-ENOMEM` (no room for the action could be allocated; `fn`
+/// will not be called).
 #[no_mangle]
 pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
@@ -260,8 +267,7 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
         let _held = q.lock().map(|l| l.lock());
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
         // SAFETY: the C caller promises `fn` may be called once with `ctx`.
-        q.defer(Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) }));
-        0
+        status(q.defer(Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) })))
     })
 }
 
@@ -347,7 +353,8 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
-/// (fenced, and neither an SQ slot nor backlog room).
+/// (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+/// nothing is posted and `done` is not called).
 #[no_mangle]
 pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {
     ffi_boundary!({
@@ -398,7 +405,7 @@ pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 
 /// accepted before it was tracked, whichever was accepted later; else after every WR accepted so far; at once
 /// if that is already so. "Buffer may be reused" hooks for one MR build on it.
 ///
-/// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`).
+/// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`), `-ENOMEM` (as for `sqd_defer`).
 #[no_mangle]
 pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
@@ -407,8 +414,7 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
         let mr = try_ref!(mr, "mr");
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
         // SAFETY: the C caller promises `fn` may be called once with `ctx`.
-        q.defer_mr(mr.lkey, Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) }));
-        0
+        status(q.defer_mr(mr.lkey, Deferred::Foreign(unsafe { ForeignDeferred::new(f, ctx) })))
     })
 }
 
@@ -419,7 +425,8 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
 /// lkey may be tracked); untrack it yourself, before this call, on any other queue that tracks it. A failed
 /// deregistration counts in `sqd_queue_stats.teardown_failures` (the MR is untracked all the same).
 ///
-/// Returns 0, or `-EINVAL` (NULL argument).
+/// Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deregistration could be allocated:
+/// `mr` stays yours).
 #[no_mangle]
 pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
     ffi_boundary!({
@@ -427,8 +434,7 @@ pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
         let _held = q.lock().map(|l| l.lock());
         let lkey = try_ref!(mr, "mr").lkey;
         // SAFETY: the caller hands `mr` over to be deregistered once, later.
-        q.defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) });
-        0
+        status(q.defer_teardown(Some(lkey), unsafe { Teardown::dereg_mr(mr) }))
     })
 }
 
@@ -436,7 +442,8 @@ pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
 /// the queue so far is released. Ownership of `mw` passes to the queue. A failure counts in
 /// `sqd_queue_stats.teardown_failures`.
 ///
-/// Returns 0, or `-EINVAL` (NULL argument).
+/// Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deallocation could be allocated:
+/// `mw` stays yours).
 #[no_mangle]
 pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
     ffi_boundary!({
@@ -446,8 +453,7 @@ pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
             return fail(&Error::invalid("mw is NULL"));
         }
         // SAFETY: the caller hands `mw` over to be deallocated once, later.
-        q.defer_teardown(None, unsafe { Teardown::dealloc_mw(mw) });
-        0
+        status(q.defer_teardown(None, unsafe { Teardown::dealloc_mw(mw) }))
     })
 }
 

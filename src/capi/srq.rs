@@ -45,7 +45,8 @@ pub struct SrqAttr {
 /// the CQs of its queues (not for thread-safe CQs).
 ///
 /// Returns 0, or `-EINVAL` (NULL argument, depth 0 or too large, low watermark above depth, nonzero flags, an
-/// SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096).
+/// SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096), `-ENOMEM`
+/// (its storage could not be allocated; `sqd_last_error()` names the bytes).
 #[no_mangle]
 pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut *mut Srq) -> i32 {
     ffi_boundary!({
@@ -62,16 +63,23 @@ pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut
         };
         // SAFETY: the C caller promises `release` may be called with `release_ctx` while the SRQ exists.
         let release = attr.release.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, attr.release_ctx) }));
-        let low = attr.low.map(|f| {
-            let ctx = attr.low_ctx;
-            Box::new(move |posted: u32| {
-                // SAFETY: the C caller promises `low` may be called with `low_ctx` while the SRQ exists.
-                unsafe { f(ctx, posted) }
-            }) as Box<dyn Fn(u32)>
-        });
-        match Srq::new(handle, attr.depth, release, attr.low_watermark, low) {
+        let low = match attr.low {
+            Some(f) => {
+                let ctx = attr.low_ctx;
+                let call = move |posted: u32| {
+                    // SAFETY: the C caller promises `low` may be called with `low_ctx` while the SRQ exists.
+                    unsafe { f(ctx, posted) }
+                };
+                match crate::alloc::boxed(call, "the SRQ's low-watermark callback") {
+                    Ok(b) => Some(b as Box<dyn Fn(u32)>),
+                    Err(e) => return fail(&e),
+                }
+            }
+            None => None,
+        };
+        match Srq::new(handle, attr.depth, release, attr.low_watermark, low).and_then(|s| crate::alloc::boxed(s, "the SRQ handle")) {
             Ok(s) => {
-                *out = Box::into_raw(Box::new(s));
+                *out = Box::into_raw(s);
                 0
             }
             Err(e) => fail(&e),

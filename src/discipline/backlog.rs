@@ -3,6 +3,9 @@
 //! Every entry's storage is built once at queue creation (the caller supplies a constructor), so parking a WR
 //! copies into memory that already exists: no allocation per WR.
 
+use crate::alloc;
+use crate::error::Result;
+
 #[derive(Debug)]
 pub struct Backlog<T> {
     entries: Box<[T]>,
@@ -11,10 +14,14 @@ pub struct Backlog<T> {
 }
 
 impl<T> Backlog<T> {
-    /// A backlog of `depth` entries, each built by `make` now.
-    pub fn new(depth: usize, make: impl FnMut() -> T) -> Backlog<T> {
-        let entries: Vec<T> = std::iter::repeat_with(make).take(depth).collect();
-        Backlog { entries: entries.into_boxed_slice(), first: 0, len: 0 }
+    /// A backlog of `depth` entries, each built by `make` now; the first error of `make` (or `ENOMEM` for the
+    /// entries' own storage) is returned, and what was built so far is freed.
+    pub fn new(depth: usize, mut make: impl FnMut() -> Result<T>) -> Result<Backlog<T>> {
+        let mut entries: Vec<T> = alloc::vec_with_capacity(depth, "the backlog's entries")?;
+        for _ in 0..depth {
+            entries.push(make()?);
+        }
+        Ok(Backlog { entries: entries.into_boxed_slice(), first: 0, len: 0 })
     }
 
     #[inline]
@@ -92,7 +99,7 @@ mod tests {
 
     #[test]
     fn fifo_order_wraps_and_bounds() {
-        let mut b: Backlog<u32> = Backlog::new(3, || 0);
+        let mut b: Backlog<u32> = Backlog::new(3, || Ok(0)).unwrap();
         for round in 0..5u32 {
             for k in 0..3 {
                 *b.vacant().unwrap() = round * 10 + k;
@@ -109,7 +116,7 @@ mod tests {
 
     #[test]
     fn zero_depth_is_always_full() {
-        let mut b: Backlog<u8> = Backlog::new(0, || 0);
+        let mut b: Backlog<u8> = Backlog::new(0, || Ok(0)).unwrap();
         assert!(b.is_full() && b.vacant().is_none());
     }
 }

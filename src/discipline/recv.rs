@@ -8,6 +8,7 @@ use super::ring::{Slot, SlotRing};
 use super::send::Release;
 use super::late::LateWindow;
 use super::token::Token;
+use crate::error::Result;
 
 #[derive(Debug)]
 pub struct RecvState {
@@ -23,8 +24,9 @@ pub struct RecvState {
 }
 
 impl RecvState {
-    pub fn new(depth: u32) -> RecvState {
-        RecvState { ring: SlotRing::new(depth), depth, posted: 0, cqes: 0, stray_cqes: 0, late_cqes: 0, abandoned: false, late: LateWindow::default() }
+    pub fn new(depth: u32) -> Result<RecvState> {
+        let ring = SlotRing::new(depth, "the receive ring")?;
+        Ok(RecvState { ring, depth, posted: 0, cqes: 0, stray_cqes: 0, late_cqes: 0, abandoned: false, late: LateWindow::default() })
     }
     pub fn depth(&self) -> u32 {
         self.depth
@@ -140,7 +142,7 @@ mod tests {
 
     #[test]
     fn receives_complete_in_order_only() {
-        let mut r = RecvState::new(2);
+        let mut r = RecvState::new(2).unwrap();
         let a = r.admit(10).unwrap();
         let b = r.admit(11).unwrap();
         assert_eq!(r.admit(12), None, "RQ full");

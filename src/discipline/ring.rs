@@ -4,6 +4,9 @@
 //! complete by a polled CQE and wait only for their release to be handed out. Storage is a power of two at least
 //! the queue depth, allocated once at creation.
 
+use crate::alloc;
+use crate::error::Result;
+
 /// What the library remembers about one posted WR: 16 bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Slot {
@@ -53,9 +56,11 @@ pub struct SlotRing {
 }
 
 impl SlotRing {
-    pub fn new(depth: u32) -> SlotRing {
+    /// A ring for `depth` WRs (`what` names it in the `ENOMEM` error if its storage cannot be allocated).
+    pub fn new(depth: u32, what: &str) -> Result<SlotRing> {
         let cap = (depth.max(1) as usize).next_power_of_two();
-        SlotRing { slots: vec![Slot::default(); cap].into_boxed_slice(), mask: cap as u64 - 1, head: 0, done: 0, tail: 0 }
+        let slots = alloc::boxed_slice(cap, Slot::default(), what)?;
+        Ok(SlotRing { slots, mask: cap as u64 - 1, head: 0, done: 0, tail: 0 })
     }
 
     /// Number of slots of storage (bytes per slot: `size_of::<Slot>()`).
@@ -167,7 +172,7 @@ mod tests {
 
     #[test]
     fn covered_slots_complete_successfully_and_pop_in_order() {
-        let mut r = SlotRing::new(5);
+        let mut r = SlotRing::new(5, "test").unwrap();
         assert_eq!(r.capacity(), 8);
         for i in 0..4 {
             r.push(Slot { wr_id: 100 + i, ..Slot::default() });
@@ -184,7 +189,7 @@ mod tests {
 
     #[test]
     fn wraps_around_storage() {
-        let mut r = SlotRing::new(2);
+        let mut r = SlotRing::new(2, "test").unwrap();
         for i in 0..100u64 {
             let seq = r.push(Slot { wr_id: i, ..Slot::default() });
             r.complete_through(seq, 0, 0);

@@ -16,6 +16,7 @@ use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
 use super::late::LateWindow;
 use super::token::Token;
+use crate::error::Result;
 
 /// What a backlog entry must tell the core about the WR it holds.
 pub trait Parked {
@@ -97,7 +98,11 @@ pub struct SendState<T> {
     backlog: Backlog<T>,
     accepted: u64,
     released: u64,
+    /// The status that failed the queue: the first error CQE's, replaced once by the first non-flush error
+    /// (a device may flush earlier WQEs before it reports the error that caused the flush).
     failed: Option<u8>,
+    /// The vendor error of the CQE whose status `failed` holds.
+    failed_vendor_err: u32,
     draining: bool,
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
@@ -111,28 +116,29 @@ pub struct SendState<T> {
 /// Why the queue takes no more WRs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closed {
-    /// A completion reported this error status.
-    Failed(u8),
+    /// A completion reported this error status and vendor error (see `SendState::failure`).
+    Failed { status: u8, vendor_err: u32 },
     /// `drain` was called.
     Draining,
 }
 
 impl<T: Parked> SendState<T> {
-    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> SendState<T> {
-        SendState {
-            ring: SlotRing::new(depth),
+    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> Result<SendState<T>> {
+        Ok(SendState {
+            ring: SlotRing::new(depth, "the send ring")?,
             depth,
             policy: SignalPolicy::new(signal_interval),
             backlog,
             accepted: 0,
             released: 0,
             failed: None,
+            failed_vendor_err: 0,
             draining: false,
             abandoned: false,
             late: LateWindow::default(),
             front_refused: None,
             counters: SendCounters::default(),
-        }
+        })
     }
 
     pub fn depth(&self) -> u32 {
@@ -181,10 +187,14 @@ impl<T: Parked> SendState<T> {
     }
     pub fn closed(&self) -> Option<Closed> {
         match (self.failed, self.draining) {
-            (Some(s), _) => Some(Closed::Failed(s)),
+            (Some(s), _) => Some(Closed::Failed { status: s, vendor_err: self.failed_vendor_err }),
             (None, true) => Some(Closed::Draining),
             (None, false) => None,
         }
+    }
+    /// The status and vendor error that failed the queue (see `on_cqe`), if it failed.
+    pub fn failure(&self) -> Option<(u8, u32)> {
+        self.failed.map(|s| (s, self.failed_vendor_err))
     }
     pub fn has_unsignaled_tail(&self) -> bool {
         self.policy.has_unsignaled_tail()
@@ -386,13 +396,28 @@ impl<T: Parked> SendState<T> {
         self.counters.cqes += 1;
         let slot = *self.ring.get(seq);
         self.ring.complete_through(seq, status, vendor_err);
-        if status != WC_SUCCESS && self.failed.is_none() {
-            self.failed = Some(status);
+        if status != WC_SUCCESS {
+            self.note_failure(status, vendor_err);
         }
         if slot.has(Slot::INTERNAL | Slot::OP) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
             CqeOutcome::Hidden
         } else {
             CqeOutcome::Visible { wr_id: slot.wr_id }
+        }
+    }
+
+    /// Records an error CQE's status as the queue's failure: the first one, unless it was a flush and this is
+    /// not. A flush only says the QP is in error; the error that put it there may come after flushes of
+    /// earlier WQEs (and may be a WQE of the library's own, whose CQE the ULP never sees).
+    #[cold]
+    fn note_failure(&mut self, status: u8, vendor_err: u32) {
+        let replace = match self.failed {
+            None => true,
+            Some(s) => s == WC_WR_FLUSH_ERR && status != WC_WR_FLUSH_ERR,
+        };
+        if replace {
+            self.failed = Some(status);
+            self.failed_vendor_err = vendor_err;
         }
     }
 
@@ -515,6 +540,10 @@ impl<D> Barriers<D> {
     /// Adds an action that runs once `released` reaches `target`. Actions run in target order, and in the order
     /// they were added among equal targets (a precise per-MR barrier may have an earlier target than a
     /// queue-wide one added before it).
+    /// Room for `more` actions beyond those waiting, so that as many `push` calls allocate nothing.
+    pub fn reserve(&mut self, more: usize) -> Result<()> {
+        crate::alloc::reserve_deque(&mut self.waiting, more, "the queue's deferred actions")
+    }
     pub fn push(&mut self, target: u64, action: D) {
         let at = self.waiting.iter().rposition(|(t, _)| *t <= target).map_or(0, |i| i + 1);
         self.waiting.insert(at, (target, action));

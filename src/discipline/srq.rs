@@ -7,6 +7,8 @@
 
 use super::opcode::{WC_RECV, WC_WR_FLUSH_ERR};
 use super::send::Release;
+use crate::alloc;
+use crate::error::Result;
 
 /// Bits of a token's sequence field that name the slot; the rest hold the slot's generation.
 pub const SLOT_BITS: u32 = 20;
@@ -36,16 +38,12 @@ pub struct SrqSlots {
 
 impl SrqSlots {
     /// `depth` <= 2^20.
-    pub fn new(depth: u32) -> SrqSlots {
+    pub fn new(depth: u32) -> Result<SrqSlots> {
         assert!(depth as u64 <= 1 << SLOT_BITS);
-        SrqSlots {
-            slots: vec![Slot::default(); depth as usize].into_boxed_slice(),
-            free: (0..depth).rev().collect(),
-            posted: 0,
-            cqes: 0,
-            stray_cqes: 0,
-            total_posted: 0,
-        }
+        let slots = alloc::boxed_slice(depth as usize, Slot::default(), "the SRQ's slots")?;
+        let mut free = alloc::vec_with_capacity(depth as usize, "the SRQ's free list")?;
+        free.extend((0..depth).rev());
+        Ok(SrqSlots { slots, free, posted: 0, cqes: 0, stray_cqes: 0, total_posted: 0 })
     }
     pub fn depth(&self) -> u32 {
         self.slots.len() as u32
@@ -149,7 +147,7 @@ mod tests {
 
     #[test]
     fn slots_are_released_by_their_own_cqe_in_any_order_and_stale_tokens_are_strays() {
-        let mut s = SrqSlots::new(3);
+        let mut s = SrqSlots::new(3).unwrap();
         let a = s.admit(10).unwrap();
         let b = s.admit(11).unwrap();
         let c = s.admit(12).unwrap();

@@ -39,7 +39,7 @@ impl CqHandle {
         if cqe <= 0 {
             return Err(Error::invalid(format!("cq->cqe is {cqe}: a CQ must hold at least one CQE")));
         }
-        super::managed::hold(cq.as_ptr(), ctx);
+        super::managed::hold(cq.as_ptr(), ctx)?;
         Ok(CqHandle { cq, poll, notify, capacity: cqe as u32 })
     }
 

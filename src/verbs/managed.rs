@@ -6,31 +6,47 @@
 //! or SRQ (or the whole device) under a live `sqd_cq`, `sqd_queue` or `sqd_srq` fails with `EBUSY` instead of
 //! leaving the handle to a use after free. Only the control path touches this table.
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-/// Object address -> (its context's address, handles holding it). An object may be held by more than one handle
-/// (two `sqd_cq` on one CQ; a QP handle made for a queue that is then refused). A B-tree rather than a hash
-/// table: its nodes are reached through pointers to their starts, so leak checkers (valgrind) see the memory a
-/// process keeps here at exit as reachable, not "possibly lost".
-static HELD: Mutex<BTreeMap<usize, (usize, u32)>> = Mutex::new(BTreeMap::new());
+/// One held object: its address, its context's address, and how many handles hold it. An object may be held by
+/// more than one handle (two `sqd_cq` on one CQ; a QP handle made for a queue that is then refused).
+#[derive(Clone, Copy)]
+struct Held {
+    obj: usize,
+    ctx: usize,
+    handles: u32,
+}
 
-fn with<R>(f: impl FnOnce(&mut BTreeMap<usize, (usize, u32)>) -> R) -> R {
+/// Every held object, unordered. A vector, searched linearly (only the control path comes here): it grows by
+/// `try_reserve`, so a handle that cannot be recorded is an `ENOMEM` error, and leak checkers (valgrind) see
+/// the memory a process keeps here at exit as reachable through the pointer to its start.
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+fn with<R>(f: impl FnOnce(&mut Vec<Held>) -> R) -> R {
     f(&mut HELD.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// A handle now holds `obj`, an object of the device whose context is `ctx`.
-pub(crate) fn hold<T>(obj: *mut T, ctx: *mut rdma_sys::ibv_context) {
-    with(|m| m.entry(obj as usize).or_insert((ctx as usize, 0)).1 += 1);
+/// A handle now holds `obj`, an object of the device whose context is `ctx`; `ENOMEM` if that cannot be
+/// recorded.
+pub(crate) fn hold<T>(obj: *mut T, ctx: *mut rdma_sys::ibv_context) -> crate::Result<()> {
+    with(|m| {
+        if let Some(e) = m.iter_mut().find(|e| e.obj == obj as usize) {
+            e.handles += 1;
+            return Ok(());
+        }
+        crate::alloc::reserve(m, 1, "the table of objects the library's handles hold")?;
+        m.push(Held { obj: obj as usize, ctx: ctx as usize, handles: 1 });
+        Ok(())
+    })
 }
 
 /// A handle holding `obj` is gone.
 pub(crate) fn release<T>(obj: *mut T) {
     with(|m| {
-        if let Some(e) = m.get_mut(&(obj as usize)) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                m.remove(&(obj as usize));
+        if let Some(i) = m.iter().position(|e| e.obj == obj as usize) {
+            m[i].handles -= 1;
+            if m[i].handles == 0 {
+                m.swap_remove(i);
             }
         }
     });
@@ -38,12 +54,12 @@ pub(crate) fn release<T>(obj: *mut T) {
 
 /// How many of the library's handles hold `obj` (a CQ, QP or SRQ).
 pub fn holders<T>(obj: *const T) -> u32 {
-    with(|m| m.get(&(obj as usize)).map_or(0, |e| e.1))
+    with(|m| m.iter().find(|e| e.obj == obj as usize).map_or(0, |e| e.handles))
 }
 
 /// How many objects of the device whose context is `ctx` the library's handles hold.
 pub fn held_on(ctx: *const rdma_sys::ibv_context) -> usize {
-    with(|m| m.values().filter(|e| e.0 == ctx as usize).count())
+    with(|m| m.iter().filter(|e| e.ctx == ctx as usize).count())
 }
 
 /// `EBUSY` (naming `what` holds it) while a library handle holds `obj`; for a device's destroy calls.

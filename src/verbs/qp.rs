@@ -49,7 +49,7 @@ impl QpHandle {
         // SAFETY: a valid QP's context is valid (the caller's promise).
         let ops = unsafe { &(*ctx).ops };
         let post_send = ops.post_send.ok_or_else(|| Error::invalid("the QP's provider has no post_send op"))?;
-        super::managed::hold(qp.as_ptr(), ctx);
+        super::managed::hold(qp.as_ptr(), ctx)?;
         Ok(QpHandle { qp, post_send, post_recv: ops.post_recv, qp_num })
     }
 

@@ -30,7 +30,7 @@ impl SrqHandle {
         }
         // SAFETY: a valid SRQ's context is valid (the caller's promise).
         let post = unsafe { (*ctx).ops.post_srq_recv }.ok_or_else(|| Error::invalid("the SRQ's provider has no post_srq_recv op"))?;
-        super::managed::hold(srq.as_ptr(), ctx);
+        super::managed::hold(srq.as_ptr(), ctx)?;
         Ok(SrqHandle { srq, post })
     }
 

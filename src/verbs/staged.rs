@@ -13,6 +13,7 @@ use super::wr::{SendChain, WrPtr};
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
 use crate::discipline::send::{Parked, SendState};
 use crate::discipline::token::{Direction, Token};
+use crate::alloc;
 
 pub struct StagedWr {
     wr: ibv_send_wr,
@@ -41,17 +42,19 @@ impl Parked for StagedWr {
 
 impl StagedWr {
     /// Storage for one parked WR of up to `max_sge` SGEs and `max_inline` inline bytes.
-    pub fn new(max_sge: u32, max_inline: u32) -> StagedWr {
-        StagedWr {
+    pub fn new(max_sge: u32, max_inline: u32) -> crate::error::Result<StagedWr> {
+        let sges = alloc::boxed_slice(max_sge.max(1) as usize, ibv_sge { addr: 0, length: 0, lkey: 0 }, "a backlog entry's SGEs")?;
+        let inline = alloc::boxed_slice(max_inline as usize, 0u8, "a backlog entry's inline data")?;
+        Ok(StagedWr {
             // SAFETY: all-zero is a valid `ibv_send_wr` (integers, NULL pointers, unions of those).
             wr: unsafe { std::mem::zeroed() },
             ulp_wr_id: 0,
             ulp_flags: 0,
             wc_opcode: 0,
             op: false,
-            sges: vec![ibv_sge { addr: 0, length: 0, lkey: 0 }; max_sge.max(1) as usize].into_boxed_slice(),
-            inline: vec![0u8; max_inline as usize].into_boxed_slice(),
-        }
+            sges,
+            inline,
+        })
     }
 
     /// Bytes of storage one entry of these limits takes.

@@ -7,6 +7,8 @@
 //! extended for queues with verification: the bytes each SGE describes stay readable until the WR's release.
 
 use super::wr::WrPtr;
+use crate::alloc;
+use crate::error::Result;
 use crate::discipline::opcode::{
     SEND_INLINE, WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM, WR_SEND, WR_SEND_WITH_IMM, WR_SEND_WITH_INV,
 };
@@ -58,15 +60,18 @@ unsafe fn sum_at(addr: u64, len: u32) -> u64 {
 
 impl VerifyStore {
     /// Room for `entries` WRs in flight or parked at once, of up to `max_sge` SGEs each.
-    pub fn new(entries: usize, max_sge: u32) -> VerifyStore {
+    pub fn new(entries: usize, max_sge: u32) -> Result<VerifyStore> {
         let cap = entries.max(1).next_power_of_two();
         let max_sge = max_sge.max(1) as usize;
-        VerifyStore {
-            snaps: vec![Snap::default(); cap * max_sge].into_boxed_slice(),
-            counts: vec![0u8; cap].into_boxed_slice(),
-            max_sge,
-            mask: cap as u64 - 1,
-        }
+        let snaps = alloc::boxed_slice(cap.saturating_mul(max_sge), Snap::default(), "buffer verification's checksums")?;
+        let counts = alloc::boxed_slice(cap, 0u8, "buffer verification's counts")?;
+        Ok(VerifyStore { snaps, counts, max_sge, mask: cap as u64 - 1 })
+    }
+
+    /// Bytes of storage for `entries` WRs of up to `max_sge` SGEs (what `new` allocates).
+    pub fn footprint_for(entries: usize, max_sge: u32) -> usize {
+        let cap = entries.max(1).next_power_of_two();
+        alloc::bytes_of::<Snap>(cap.saturating_mul(max_sge.max(1) as usize)).saturating_add(cap)
     }
 
     /// Bytes of storage.

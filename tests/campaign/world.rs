@@ -888,7 +888,7 @@ impl World {
             if released != target {
                 errs.borrow_mut().push(format!("queue {i}: a deferred action ran with {released} WRs released; it was deferred behind {target}"));
             }
-        })));
+        }))).unwrap();
         Ok(())
     }
 
@@ -931,7 +931,7 @@ impl World {
         let Some(s) = self.slots.get(i as usize).and_then(|s| s.as_ref()) else { return };
         let old = s.mr;
         // SAFETY: `old` is a live MR of the device, deregistered by nothing else (the slot stops using it now).
-        s.queue.as_ref().unwrap().defer_teardown(Some(keys(old)), unsafe { Teardown::dereg_mr(old) });
+        s.queue.as_ref().unwrap().defer_teardown(Some(keys(old)), unsafe { Teardown::dereg_mr(old) }).unwrap();
         let mr = self.reg(&s.book.borrow().buf.clone());
         self.slots[i as usize].as_mut().unwrap().mr = mr;
     }
