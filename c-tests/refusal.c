@@ -144,6 +144,38 @@ static void a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it(
     no_violations(the_rig);
 }
 
+static void an_idle_tail_marker_the_provider_refuses_is_tried_again_and_reported(void)
+{
+    /* The marker is a zero-length RDMA WRITE: while the provider refuses WRITEs the tail stays uncovered, and
+     * the refusal shows in the stats and in sqd_queue_last_refusal; once WRITEs are taken again the next poll
+     * cycle covers it, without another post. */
+    struct mq *m = rig1((struct qcfg){.sq_depth = 16, .signal_interval = 8, .backlog_depth = 0}, 64);
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(sqd_post_send(m->q, sends_with_read(0, 3, 99, 0)->wr, &bad), 0);
+    CHECK_EQ(sqd_scripted_refuse_opcode(m->qp, IBV_WR_RDMA_WRITE, EINVAL), 0);
+    for (int i = 0; i < 4; i++) {
+        complete(m, INT_MAX);
+        poll_all(the_rig->scq);
+    }
+    CHECK_EQ(m->nlog, 0);
+    struct sqd_queue_stats s = qstats(m);
+    CHECK_EQ(s.markers, 0);
+    CHECK(s.markers_refused >= 1);
+    CHECK_EQ(s.provider_refused, 0); /* a marker is no accepted WR */
+    CHECK_EQ(s.provider_refused_errno, EINVAL);
+    CHECK_EQ(s.closed, 0);
+    char text[512];
+    CHECK(sqd_queue_last_refusal(m->q, text, sizeof text) > 0);
+    if (!strstr(text, "marker") || !strstr(text, "errno 22"))
+        fail_now("sqd_queue_last_refusal: \"%s\"", text);
+    CHECK_EQ(sqd_scripted_refuse_opcode(m->qp, IBV_WR_RDMA_WRITE, 0), 0);
+    drive(the_rig, m, 3);
+    released_in_order(m, 0, 3);
+    CHECK_EQ(qstats(m).markers, 1);
+    callbacks_ok(m);
+    no_violations(the_rig);
+}
+
 static void after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted(void)
 {
     struct mq *m = rig1((struct qcfg){.sq_depth = 16, .signal_interval = 8}, 64);
@@ -272,6 +304,8 @@ int main(void)
         a_backlogged_wr_the_provider_refuses_is_released_refused_and_the_rest_flow);
     run("a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it",
         a_refused_post_names_the_refused_wr_and_releases_the_ones_before_it);
+    run("an_idle_tail_marker_the_provider_refuses_is_tried_again_and_reported",
+        an_idle_tail_marker_the_provider_refuses_is_tried_again_and_reported);
     run("after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted",
         after_a_refused_post_the_signal_interval_counts_from_the_wrs_really_posted);
     run("a_deferred_local_inv_the_provider_refuses_reports_it", a_deferred_local_inv_the_provider_refuses_reports_it);

@@ -398,9 +398,16 @@ struct sqd_queue_stats {
      */
     uint64_t provider_refused;
     /**
-     * The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+     * The provider's errno of the newest such refusal, or of the newest refused marker, else 0
+     * (`sqd_queue_last_refusal` describes it).
      */
     uint32_t provider_refused_errno;
+    /**
+     * The library's idle-tail markers the provider's `post_send` refused. The tail stays watched, and each
+     * later poll cycle of the send CQ tries the marker again until one is taken (or the ULP posts a signaled
+     * WR behind the tail).
+     */
+    uint32_t markers_refused;
 };
 
 /**
@@ -798,7 +805,7 @@ int32_t sqd_invalidate(struct sqd_queue *q,
  * MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
  * on this queue has run.
  *
- * Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
+ * Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked), `-ENOMEM`.
  */
 int32_t sqd_queue_track_mr(struct sqd_queue *q, const struct ibv_mr *mr);
 

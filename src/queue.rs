@@ -179,8 +179,13 @@ pub struct QueueStats {
     /// Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
     /// deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
     pub provider_refused: u64,
-    /// The provider's errno of the newest such refusal, else 0 (`sqd_queue_last_refusal` describes it).
+    /// The provider's errno of the newest such refusal, or of the newest refused marker, else 0
+    /// (`sqd_queue_last_refusal` describes it).
     pub provider_refused_errno: u32,
+    /// The library's idle-tail markers the provider's `post_send` refused. The tail stays watched, and each
+    /// later poll cycle of the send CQ tries the marker again until one is taken (or the ULP posts a signaled
+    /// WR behind the tail).
+    pub markers_refused: u32,
 }
 
 pub(crate) enum CqeFate {
@@ -538,6 +543,7 @@ impl Queue {
             return Err(Error::new(libc::EEXIST, format!("the MR with lkey {lkey:#x} is already tracked")));
         }
         let last_use = st.send.accepted();
+        crate::alloc::reserve(&mut st.tracked, 1, "the list of tracked MRs")?;
         st.tracked.push(TrackedMr { lkey, last_use });
         Ok(())
     }
@@ -845,7 +851,7 @@ impl QueueShared {
         }
         if st.send.has_unsignaled_tail() {
             // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
-            if self.send_cq.is_armed() && self.post_marker(st) {
+            if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
                 return result;
             }
             self.posted_since_poll.set(true);
@@ -1218,26 +1224,44 @@ impl QueueShared {
             self.posted_since_poll.set(false);
             return IdleCheck::KeepWatching;
         }
-        self.watched.set(false);
-        IdleCheck::Covered(self.cover_idle_tail())
+        match self.cover_idle_tail() {
+            Marker::Posted => {
+                self.watched.set(false);
+                IdleCheck::Covered(true)
+            }
+            Marker::NotNeeded => {
+                self.watched.set(false);
+                IdleCheck::Covered(false)
+            }
+            // Still uncovered: the next poll cycle tries again.
+            Marker::Refused => IdleCheck::KeepWatching,
+        }
     }
 
     /// Posts the idle-tail marker if the tail is still unsignaled (kept out of line: the poll's common case
     /// is a queue that was posted to, which needs none).
     #[inline(never)]
-    fn cover_idle_tail(&self) -> bool {
+    fn cover_idle_tail(&self) -> Marker {
         let mut st = self.state.borrow_mut();
         self.post_marker(&mut st)
     }
 
-    fn post_marker(&self, st: &mut QueueState) -> bool {
-        let Some(seq) = st.send.admit_marker() else { return false };
+    /// Covers the unsignaled tail with a signaled marker, if there is one and the queue may post. A marker the
+    /// provider refuses is counted and described; the tail stays unsignaled for the caller to try again.
+    fn post_marker(&self, st: &mut QueueState) -> Marker {
+        let Some(seq) = st.send.admit_marker() else { return Marker::NotNeeded };
         st.doorbells += 1;
         match self.qp.post_marker(Token::new(self.send_index, Direction::Send, seq).0) {
-            Ok(()) => true,
-            Err(_) => {
-                st.send.rollback(1, false);
-                false
+            Ok(()) => Marker::Posted,
+            Err(errno) => {
+                st.send.refuse_marker(errno);
+                st.last_refusal = Some(format!(
+                    "the provider's post_send refused the idle-tail marker (a signaled zero-length RDMA WRITE) with \
+                     errno {errno} ({}); the unsignaled WRs before it wait, and each poll cycle of the send CQ tries \
+                     the marker again",
+                    std::io::Error::from_raw_os_error(errno)
+                ));
+                Marker::Refused
             }
         }
     }
@@ -1264,7 +1288,7 @@ impl QueueShared {
                 };
                 st.doorbells += 1;
                 if let Err(errno) = self.qp.post_marker(Token::new(self.send_index, Direction::Send, seq).0) {
-                    st.send.rollback(1, false);
+                    st.send.refuse_marker(errno);
                     return Err(Error::new(libc::EIO, format!("posting the drain marker failed (errno {errno})")));
                 }
             }
@@ -1376,8 +1400,19 @@ impl QueueShared {
             bytes,
             provider_refused: c.provider_refused,
             provider_refused_errno: c.provider_refused_errno,
+            markers_refused: c.markers_refused,
         }
     }
+}
+
+/// What became of an attempt to cover the unsignaled tail with a marker.
+#[derive(PartialEq, Eq)]
+enum Marker {
+    Posted,
+    /// No unsignaled tail, or a queue that posts no more.
+    NotNeeded,
+    /// The provider refused it.
+    Refused,
 }
 
 /// The description of a WR the provider refused after the queue accepted it.

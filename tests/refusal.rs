@@ -149,7 +149,33 @@ fn wrs_every_provider_refuses_are_refused_at_post_even_when_they_would_be_parked
     assert!(rig.log.borrow().iter().all(|c| c.status == WC_SUCCESS));
 }
 
+fn an_idle_tail_marker_the_provider_refuses_is_tried_again_and_reported(make: Make) {
+    // The marker is a zero-length RDMA WRITE. While the provider refuses WRITEs the unsignaled tail stays
+    // watched and every refused attempt is counted and described; once WRITEs are taken again the next poll
+    // cycle covers the tail and the WRs are released, without another post.
+    let rig = Rig::on(make, config(16, 8, 0), 64);
+    rig.post(&mut Chain::sends(0..3, 0)).unwrap();
+    rig.dev.refuse_opcode(rig.qp, WR_RDMA_WRITE, libc::EINVAL).unwrap();
+    for _ in 0..4 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert!(rig.log.borrow().is_empty(), "no CQE can cover the tail yet");
+    let st = rig.q().stats();
+    assert_eq!((st.markers, st.provider_refused, st.closed), (0, 0, 0), "a marker is no accepted WR");
+    assert!(st.markers_refused >= 1, "the refused marker is counted: {st:?}");
+    assert_eq!(st.provider_refused_errno, libc::EINVAL as u32);
+    let text = rig.q().last_refusal().expect("the refused marker is described");
+    assert!(text.contains("marker") && text.contains("errno 22"), "{text}");
+    rig.dev.refuse_opcode(rig.qp, WR_RDMA_WRITE, 0).unwrap();
+    drive_until_released(&rig, 3);
+    assert_eq!(rig.released_ids(), vec![0, 1, 2]);
+    assert_eq!(rig.q().stats().markers, 1);
+    rig.assert_no_violations();
+}
+
 on_both_devices!(
+    an_idle_tail_marker_the_provider_refuses_is_tried_again_and_reported,
     a_parked_wr_the_provider_refuses_is_released_refused_and_the_wrs_behind_it_flow,
     a_refused_parked_wr_with_nothing_before_it_is_released_at_once,
     a_post_the_provider_refuses_partway_names_the_refused_wr_and_keeps_the_ones_before_it_live,

@@ -378,7 +378,7 @@ pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u3
 /// MR. An MR stays tracked until `sqd_queue_untrack_mr`, or until the deregistration of `sqd_defer_dereg_mr`
 /// on this queue has run.
 ///
-/// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked).
+/// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked), `-ENOMEM`.
 #[no_mangle]
 pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
     ffi_boundary!({

@@ -86,8 +86,10 @@ pub struct SendCounters {
     pub backlog_peak: u64,
     /// Accepted WRs the provider refused when the library posted them.
     pub provider_refused: u64,
-    /// The errno of the newest such refusal.
+    /// The errno of the newest such refusal, or of the newest refused marker.
     pub provider_refused_errno: u32,
+    /// Markers the provider refused (`refuse_marker`).
+    pub markers_refused: u32,
 }
 
 #[derive(Debug)]
@@ -305,6 +307,16 @@ impl<T: Parked> SendState<T> {
     }
 
     /// Counts a WR the provider refused after the queue accepted it.
+    /// The provider refused the marker `admit_marker` just admitted: it is taken back (the tail is unsignaled
+    /// again, to be covered by a later attempt) and the refusal counted.
+    #[cold]
+    pub fn refuse_marker(&mut self, errno: i32) {
+        self.rollback(1, false);
+        self.counters.markers -= 1;
+        self.counters.markers_refused += 1;
+        self.counters.provider_refused_errno = errno as u32;
+    }
+
     pub fn note_provider_refusal(&mut self, errno: i32) {
         self.counters.provider_refused += 1;
         self.counters.provider_refused_errno = errno as u32;
