@@ -219,7 +219,7 @@ $(BUILD)/lib/$(CHECK_REAL): $(BUILD)/obj/sqdisc_check.o check/sqdisc_check.map
 	ln -sfn $(CHECK_REAL) $(@D)/$(CHECK_SONAME)
 	ln -sfn $(CHECK_SONAME) $(@D)/$(CHECK_SO)
 
-$(BUILD)/sqdisc_check.pc: pkgconfig/sqdisc_check.pc.in check/Cargo.toml
+$(BUILD)/sqdisc_check.pc: pkgconfig/sqdisc_check.pc.in check-cargo-release
 	@mkdir -p $(@D)
 	sed -e 's|@PREFIX@|$(PREFIX)|' \
 	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
