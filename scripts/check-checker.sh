@@ -120,6 +120,34 @@ else
     fail "preload_workload: build" "$out/workload.build"
 fi
 
+# ---- 2b. the interposed libibverbs functions ------------------------------------------------------------------
+# c-tests/check/fake_verbs.c stands in for libibverbs' control path (objects made on the sim), so that the
+# program's ibv_create_cq/ibv_create_qp/ibv_reg_mr/... reach the checker's definitions first and the stand-in's
+# through dlsym(RTLD_NEXT), as libibverbs' on a real system. No sim_shim here.
+if "$CC" -std=c11 -Wall -Wextra -Werror -g -shared -fPIC "${sim_cflags[@]}" "$src/fake_verbs.c" \
+        -o "$out/libfakeverbs.so" "${sim_libs[@]}" > "$out/fake.build" 2>&1 \
+    && "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$src/interpose_workload.c" -o "$out/interpose_workload" \
+        -L"$out" -lfakeverbs -Wl,-rpath,"$out" "${sim_libs[@]}" > "$out/interpose.build" 2>&1; then
+    run "$out/interpose.plain" "$out/interpose_workload" || fail "interpose_workload [plain]" "$out/interpose.plain"
+    rep=$out/interpose.report
+    if SQDISC_CHECK_REPORT=$rep LD_PRELOAD="$checker" run "$out/interpose.checked" "$out/interpose_workload"; then
+        cmp -s "$out/interpose.plain" "$out/interpose.checked" \
+            && pass "interpose_workload: the same output with the checker preloaded" \
+            || fail "interpose_workload: the checker changed what the program saw" "$out/interpose.checked"
+        missing=""
+        for k in "SQ overflow" "CQ undersized" "MR invalidated while in use" "flush of an unsignaled WQE"; do
+            grep -Eq "^ +[1-9][0-9]* +$k" "$rep" || missing="$missing, $k"
+        done
+        [ -z "$missing" ] && pass "interpose_workload: objects made through the interposed ibv_* functions are checked" \
+            || fail "interpose_workload: the report lacks ${missing#, }" "$rep"
+    else
+        fail "interpose_workload [preloaded]" "$out/interpose.checked"
+    fi
+else
+    cat "$out/fake.build" "$out/interpose.build" > "$out/interpose.builds" 2>/dev/null || true
+    fail "interpose_workload: build" "$out/interpose.builds"
+fi
+
 # ---- 3. the demo ---------------------------------------------------------------------------------------------
 if "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$root/examples/demo.c" -o "$out/demo" "${sim_libs[@]}" \
     > "$out/demo.build" 2>&1; then
