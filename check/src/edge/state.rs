@@ -1,12 +1,12 @@
 //! The one checker of the process, behind a lock, with the provider ops of every attached context.
 
-use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard, Once};
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_wc};
 
 use crate::rules::config::{Config, Mode};
+use crate::rules::hash::FastMap;
 use crate::rules::model::Checker;
 
 pub type PostSendFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
@@ -23,7 +23,7 @@ pub struct Originals {
 
 pub struct State {
     pub checker: Checker,
-    pub contexts: HashMap<usize, Originals>,
+    pub contexts: FastMap<usize, Originals>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -40,7 +40,7 @@ pub fn lock() -> MutexGuard<'static, Option<State>> {
                 eprintln!("sqdisc-check: {w}");
             }
         });
-        *g = Some(State { checker: Checker::new(cfg), contexts: HashMap::new() });
+        *g = Some(State { checker: Checker::new(cfg), contexts: FastMap::default() });
     }
     g
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod hash;
 pub mod kind;
 pub mod log;
 pub mod model;

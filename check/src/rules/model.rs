@@ -5,10 +5,11 @@
 //! created or tracked. A QP's send WQEs stay in its model from the post until a polled CQE covers them (a
 //! CQE of WQE i covers every earlier WQE of the SQ: the slots it frees, as mlx5 frees them).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::config::{Config, Mode};
+use super::hash::FastMap;
 use super::kind::Kind;
 use super::log::{Log, Record, NO_WQE};
 
@@ -98,14 +99,17 @@ struct Wqe {
     index: u64,
     wr_id: u64,
     signaled: bool,
-    /// The lkeys its SGEs name (none for inline data: copied at post time).
-    keys: Vec<u32>,
+    /// The lkeys its SGEs name (none for inline data: copied at post time): the first two in place, any
+    /// more on the heap (a WR of one or two SGEs allocates nothing).
+    keys: [u32; 2],
+    nkeys: u8,
+    more_keys: Option<Box<[u32]>>,
     sample: Option<Box<Sample>>,
 }
 
 impl Wqe {
     fn uses(&self, lkey: u32) -> bool {
-        self.keys.contains(&lkey)
+        self.keys[..usize::from(self.nkeys)].contains(&lkey) || self.more_keys.as_ref().is_some_and(|m| m.contains(&lkey))
     }
 }
 
@@ -155,12 +159,12 @@ pub struct Checker {
     pub cfg: Config,
     pub log: Log,
     start: Instant,
-    qps: HashMap<usize, Qp>,
-    qp_by_num: HashMap<(usize, u32), usize>,
-    cqs: HashMap<usize, Cq>,
-    mrs: HashMap<usize, MrInfo>,
-    by_lkey: HashMap<(usize, u32), usize>,
-    by_rkey: HashMap<(usize, u32), usize>,
+    qps: FastMap<usize, Qp>,
+    qp_by_num: FastMap<(usize, u32), usize>,
+    cqs: FastMap<usize, Cq>,
+    mrs: FastMap<usize, MrInfo>,
+    by_lkey: FastMap<(usize, u32), usize>,
+    by_rkey: FastMap<(usize, u32), usize>,
     sample_counter: u64,
     /// Set when a violation was recorded in abort mode: the edge writes the report and aborts.
     pub abort_now: bool,
@@ -177,12 +181,12 @@ impl Checker {
             cfg,
             log: Log::new(first),
             start: Instant::now(),
-            qps: HashMap::new(),
-            qp_by_num: HashMap::new(),
-            cqs: HashMap::new(),
-            mrs: HashMap::new(),
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
+            qps: FastMap::default(),
+            qp_by_num: FastMap::default(),
+            cqs: FastMap::default(),
+            mrs: FastMap::default(),
+            by_lkey: FastMap::default(),
+            by_rkey: FastMap::default(),
             sample_counter: 0,
             abort_now: false,
         }
@@ -582,13 +586,19 @@ impl Checker {
         let mut taken = samples.drain(..);
         for wr in wrs.iter().take(accepted) {
             let signaled = q.info.sig_all || wr.flags & SEND_SIGNALED != 0;
-            let keys = if wr.flags & SEND_INLINE != 0 {
-                Vec::new()
+            let wr_sges = if wr.flags & SEND_INLINE != 0 {
+                &[][..]
             } else {
-                sges.get(wr.first_sge..wr.first_sge + wr.num_sge).unwrap_or(&[]).iter().map(|s| s.lkey).collect()
+                sges.get(wr.first_sge..wr.first_sge + wr.num_sge).unwrap_or(&[])
             };
+            let mut keys = [0u32; 2];
+            for (k, s) in keys.iter_mut().zip(wr_sges) {
+                *k = s.lkey;
+            }
+            let nkeys = wr_sges.len().min(2) as u8;
+            let more_keys = (wr_sges.len() > 2).then(|| wr_sges[2..].iter().map(|s| s.lkey).collect());
             let sample = taken.next().flatten();
-            q.sq.push_back(Wqe { index: q.posted, wr_id: wr.wr_id, signaled, keys, sample });
+            q.sq.push_back(Wqe { index: q.posted, wr_id: wr.wr_id, signaled, keys, nkeys, more_keys, sample });
             q.posted += 1;
             if signaled {
                 q.run = 0;
@@ -646,25 +656,27 @@ impl Checker {
                 continue;
             };
             let num = q.info.num;
-            let covered: Vec<Wqe> = q.sq.drain(..=p).collect();
-            let last = covered.last().map(|w| (w.index, w.wr_id, w.signaled));
-            for w in &covered {
+            let mut modified: Vec<(u64, u64)> = Vec::new();
+            let mut last = None;
+            for w in q.sq.drain(..=p) {
+                last = Some((w.index, w.wr_id, w.signaled));
                 if let Some(s) = &w.sample {
                     if mem.checksum(&s.ranges) != s.sum {
-                        self.find(
-                            Kind::SourceModified,
-                            num,
-                            w.index,
-                            format!(
-                                "{}: the source of send WQE #{} (wr_id {:#x}) of qp {num:#x} changed between its post \
-                                 and the CQE that covers it (sampled checksum)",
-                                Kind::SourceModified.name(),
-                                w.index,
-                                w.wr_id
-                            ),
-                        );
+                        modified.push((w.index, w.wr_id));
                     }
                 }
+            }
+            for (index, wr_id) in modified {
+                self.find(
+                    Kind::SourceModified,
+                    num,
+                    index,
+                    format!(
+                        "{}: the source of send WQE #{index} (wr_id {wr_id:#x}) of qp {num:#x} changed between its \
+                         post and the CQE that covers it (sampled checksum)",
+                        Kind::SourceModified.name()
+                    ),
+                );
             }
             if let Some((index, wr_id, false)) = last {
                 if wc.status == WC_WR_FLUSH_ERR {
