@@ -25,5 +25,15 @@ got_soname=$(readelf -d "$so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$got_soname" = "$soname" ] || fail "$so has soname '$got_soname', expected $soname"
 if readelf -d "$so" | grep -q 'NEEDED.*libsqdisc\.so'; then fail "$so needs libsqdisc.so"; fi
 
+# The header stands alone in C11 and C++11, with every warning an error.
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+printf '#include <sqdisc_check.h>\nint main(void) { return (int)sqd_check_count(0); }\n' > "$probe/h.c"
+cp "$probe/h.c" "$probe/h.cc"
+${CC:-cc} -std=c11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$(dirname "$header")" "$probe/h.c" \
+    || fail "$header does not compile alone as C11"
+${CXX:-c++} -std=c++11 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$(dirname "$header")" "$probe/h.cc" \
+    || fail "$header does not compile alone as C++11"
+
 if [ "$failed" -ne 0 ]; then exit 1; fi
-echo "check-checker-symbols: $so ($soname) exports the 11 interposed libibverbs functions and $(wc -l <<<"$declared") sqd_check_* functions, nothing else"
+echo "check-checker-symbols: $so ($soname) exports the 11 interposed libibverbs functions and $(wc -l <<<"$declared") sqd_check_* functions, nothing else; the header compiles alone as C11 and C++11"

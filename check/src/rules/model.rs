@@ -738,3 +738,68 @@ impl Checker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoMemory;
+    impl Memory for NoMemory {
+        fn checksum(&self, _: &[(usize, usize)]) -> u64 {
+            0
+        }
+    }
+
+    fn checker() -> Checker {
+        let mut c = Checker::new(Config { sample_every: 0, idle_ms: 0, ..Config::default() });
+        c.track_cq(10, 1, 64);
+        c.track_qp(20, QpInfo { ctx: 1, num: 7, send_cq: 10, recv_cq: 10, sq_depth: 8, rq_depth: 8, ..QpInfo::default() });
+        c.track_mr(30, MrInfo { ctx: 1, lkey: 0x11, rkey: 0x22, iova: 0x1000, host: 0, len: 0x1000 });
+        c
+    }
+
+    fn post(c: &mut Checker, wrs: &[SendWr], sges: &[Sge]) {
+        let mut samples = Samples::new();
+        c.before_post(20, wrs, sges, false, &NoMemory, &mut samples);
+        c.after_post(20, wrs, sges, wrs.len(), &mut samples);
+    }
+
+    #[test]
+    fn a_local_inv_behind_a_send_of_the_same_chain_is_unfenced() {
+        let mut c = checker();
+        let sges = [Sge { addr: 0x1000, len: 64, lkey: 0x11 }];
+        let send = SendWr { wr_id: 1, opcode: WR_SEND, flags: 0, first_sge: 0, num_sge: 1, ..SendWr::default() };
+        let inv = SendWr { wr_id: 2, opcode: WR_LOCAL_INV, flags: SEND_SIGNALED, invalidate_rkey: 0x22, ..SendWr::default() };
+        post(&mut c, &[send, inv], &sges);
+        assert_eq!(c.log.count(Kind::UnfencedInvalidate), 1);
+        let r = c.log.record(Kind::UnfencedInvalidate, 0).unwrap();
+        assert_eq!((r.qp_num, r.wqe_index), (7, 0));
+        // Fenced, nothing.
+        let inv = SendWr { flags: SEND_SIGNALED | SEND_FENCE, ..inv };
+        post(&mut c, &[send, inv], &sges);
+        assert_eq!(c.log.count(Kind::UnfencedInvalidate), 1);
+    }
+
+    #[test]
+    fn a_signaled_cqe_frees_every_slot_up_to_its_wqe() {
+        let mut c = checker();
+        let wr = |id: u64, flags: u32| SendWr { wr_id: id, opcode: WR_SEND, flags, ..SendWr::default() };
+        let chain: Vec<SendWr> = (0..8).map(|i| wr(i, if i == 3 { SEND_SIGNALED } else { 0 })).collect();
+        post(&mut c, &chain, &[]);
+        assert_eq!(c.log.violations(), 0);
+        c.after_poll(10, &[Wc { wr_id: 3, status: WC_SUCCESS, opcode: 0, qp_num: 7 }], &NoMemory);
+        post(&mut c, &[wr(8, SEND_SIGNALED), wr(9, 0), wr(10, 0), wr(11, 0)], &[]);
+        assert_eq!(c.log.count(Kind::SqOverflow), 0, "4 slots were freed");
+        post(&mut c, &[wr(12, 0)], &[]);
+        let r = c.log.record(Kind::SqOverflow, 0).unwrap();
+        assert_eq!((r.qp_num, r.wqe_index), (7, 12));
+    }
+
+    #[test]
+    fn resizing_below_the_slots_is_undersized() {
+        let mut c = checker();
+        assert_eq!(c.log.count(Kind::CqUndersized), 0, "8 + 8 slots fit in 64");
+        c.resize_cq(10, 15);
+        assert_eq!(c.log.count(Kind::CqUndersized), 1);
+    }
+}
