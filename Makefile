@@ -71,6 +71,7 @@ help:
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'
+	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
@@ -378,7 +379,7 @@ BENCH_STAGE := $(CURDIR)/$(BUILD)/bench/stage
 BENCH_STAGE_VARS := DESTDIR=$(BENCH_STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
 	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
 
-.PHONY: bench bench-guard bench-stage bench-spdk
+.PHONY: bench bench-guard bench-stage bench-spdk bench-check
 
 bench-stage:
 	rm -rf $(BENCH_STAGE)
@@ -396,6 +397,11 @@ bench-guard:
 	$(MAKE) --no-print-directory bench-stage
 	CC='$(CC)' bash scripts/bench-guard.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
 	CC='$(CC)' bash scripts/bench-spdk.sh $(BENCH_STAGE) $(STAGE_LIBDIR) --guard
+
+# What libsqdisc_check costs per WR on the null provider (docs/check.md's table).
+bench-check:
+	$(MAKE) --no-print-directory bench-stage
+	CC='$(CC)' bash scripts/bench-check.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
 
 # The SPDK provider against SPDK's verbs provider's behaviour, instructions per WR: a table in docs/spdk.md.
 bench-spdk:

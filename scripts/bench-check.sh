@@ -5,7 +5,7 @@
 # callgrind runs, so setup, warm-up and teardown cancel out. Prints a markdown table (docs/check.md).
 # usage: bench-check.sh STAGE_DIR LIBDIR_IN_STAGE [N]
 set -euo pipefail
-stage=$1 libdir=$2 n=${3:-65536}
+stage=$1 libdir=$2 n=${3:-8192}
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/bench-check
 CC=${CC:-cc}

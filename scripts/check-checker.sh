@@ -109,6 +109,20 @@ if "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$src/preload_workload.c" -o "
     else
         fail "preload_workload: SQDISC_CHECK=abort: exit $rc" "$out/abort.txt"
     fi
+    # A program stopped by SIGTERM (as servers are) still gets its report, and still dies of the signal.
+    WORKLOAD_WAIT=1 SQDISC_CHECK_REPORT=$out/signal.txt LD_PRELOAD="$checker $shim" LD_LIBRARY_PATH=$stage_lib \
+        "$out/preload_workload" > "$out/signal.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do grep -q '^waiting' "$out/signal.out" && break; sleep 0.1; done
+    kill -TERM "$pid" 2>/dev/null || true
+    rc=0
+    wait "$pid" || rc=$?
+    if [ "$rc" -eq 143 ] && grep -q 'report (signal 15)' "$out/signal.txt" 2>/dev/null \
+        && grep -Eq '^ +1 +SQ overflow' "$out/signal.txt"; then
+        pass "preload_workload: SIGTERM writes the report and ends the process with the signal"
+    else
+        fail "preload_workload: SIGTERM: exit $rc" "$out/signal.out"
+    fi
     SQDISC_CHECK=off SQDISC_CHECK_REPORT=$out/off.txt LD_PRELOAD="$checker $shim" \
         run "$out/off.out" "$out/preload_workload" || true
     if cmp -s "$out/plain.out" "$out/off.out" && [ ! -e "$out/off.txt" ]; then

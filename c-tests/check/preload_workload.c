@@ -4,7 +4,7 @@
  * scripts/check-checker.sh runs it plain, then with LD_PRELOAD="libsqdisc_check.so sim_shim.so": the output
  * must be the same byte for byte (the checker changes nothing the program sees), and the report must name
  * every kind. With SQDISC_CHECK=abort it must abort at the first violation (the undersized CQ) with the
- * report. */
+ * report. With WORKLOAD_WAIT set it waits for a signal at the end: SIGTERM must write the report. */
 #define _POSIX_C_SOURCE 200809L
 #include <sqdisc_sim.h>
 #include <infiniband/verbs.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static struct sqd_sim *sim;
 
@@ -129,6 +130,12 @@ int main(void)
     must(sqd_sim_destroy_cq(small), "destroy_cq");
     printf("sim violations: %d\n", sqd_sim_violation_count(sim));
     must(sqd_sim_free(sim), "sqd_sim_free");
+    if (getenv("WORKLOAD_WAIT")) { /* the script ends it with SIGTERM, as a server is stopped */
+        printf("waiting\n");
+        fflush(stdout);
+        for (;;)
+            pause();
+    }
     printf("done\n");
     return 0;
 }
