@@ -313,7 +313,10 @@ int main(void)
     CHECK(sqd_check_get_config(NULL) == -EINVAL && sqd_check_set_config(NULL) == -EINVAL, "config NULL");
     struct sqd_check_config bad_mode = {.mode = 7};
     CHECK(sqd_check_set_config(&bad_mode) == -EINVAL, "unknown mode");
-    CHECK(sqd_check_write_report(-1) == -EBADF, "report to a bad fd");
+    CHECK(sqd_check_write_report(-1) == -EBADF && strstr(sqd_check_last_error(), "fd -1"), "report to a bad fd: %s",
+          sqd_check_last_error());
+    CHECK(sqd_check_track_qp(NULL, NULL) == -EINVAL && strstr(sqd_check_last_error(), "sqd_check_track_qp"), "message: %s",
+          sqd_check_last_error());
 
     /* ---- teardown ------------------------------------------------------------------------------------------ */
     struct ibv_qp *all[] = {ga, gb, sa, sb, qa, qb, ma, mb, ta, tb};

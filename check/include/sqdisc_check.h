@@ -11,8 +11,9 @@
  * software HCA's sqd_sim_* functions, a provider's own constructors) or want the findings in-process.
  * Linking a program against -lsqdisc_check interposes the same libibverbs functions as preloading does.
  *
- * Every function returns 0 or a negative errno unless it says otherwise, and never aborts (except in abort
- * mode, at a violation, by design). Thread-safe: one lock guards the checker. */
+ * Every function returns 0 or a negative errno unless it says otherwise (sqd_check_last_error then says why),
+ * and never aborts (except in abort mode, at a violation, by design). Thread-safe: one lock guards the
+ * checker. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -122,6 +123,10 @@ int sqd_check_write_report(int fd);
 
 /* Forgets every finding; the tracked objects stay. */
 int sqd_check_reset(void);
+
+/* Why the last failing sqd_check_* call of this thread failed: a NUL-terminated string, valid until the next
+ * failing call of the thread; "" if none failed. Never NULL. */
+const char *sqd_check_last_error(void);
 
 /* Copies the configuration into *out. Errors: -EINVAL for NULL. */
 int sqd_check_get_config(struct sqd_check_config *out);

@@ -1,7 +1,8 @@
 //! The C API (`check/include/sqdisc_check.h`): attaching a context, telling the checker of objects it did not
 //! see created, reading what it found. Every function returns 0 or a negative errno and never unwinds.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rdma_sys::{ibv_context, ibv_cq, ibv_mr, ibv_qp, ibv_qp_init_attr, ibv_qp_state};
@@ -37,8 +38,26 @@ pub struct SqdCheckConfig {
     pub first: u32,
 }
 
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Records why a call of this thread failed (read by `sqd_check_last_error`) and returns `errno`.
+fn fail(errno: c_int, why: &str) -> c_int {
+    let msg = CString::new(why.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+    errno
+}
+
 fn boundary(f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::EIO)
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fail(-libc::EIO, "internal error (panic) in libsqdisc_check"))
+}
+
+/// Why the last failing `sqd_check_*` call of this thread failed: a NUL-terminated string valid until the next
+/// failing call of the thread; "" if none failed.
+#[no_mangle]
+pub extern "C" fn sqd_check_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
 /// Runs `f` on the checker unless checking is off.
@@ -109,7 +128,8 @@ pub unsafe extern "C" fn sqd_check_attach(ctx: *mut ibv_context) -> c_int {
     // SAFETY: as the caller promises.
     boundary(|| match unsafe { attach(ctx) } {
         Ok(()) => 0,
-        Err(e) => e,
+        Err(e) if ctx.is_null() => fail(e, "sqd_check_attach: ctx is NULL"),
+        Err(e) => fail(e, "sqd_check_attach: the context's ops are the checker's, but their originals are lost"),
     })
 }
 
@@ -117,7 +137,7 @@ pub unsafe extern "C" fn sqd_check_attach(ctx: *mut ibv_context) -> c_int {
 #[no_mangle]
 pub extern "C" fn sqd_check_detach(ctx: *mut ibv_context) -> c_int {
     if ctx.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_detach: ctx is NULL");
     }
     boundary(|| {
         with_checker(|c| c.detach(ctx as usize));
@@ -130,7 +150,7 @@ pub extern "C" fn sqd_check_detach(ctx: *mut ibv_context) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_track_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_track_cq: cq is NULL");
     }
     boundary(|| {
         // SAFETY: live (caller's promise).
@@ -145,7 +165,7 @@ pub unsafe extern "C" fn sqd_check_track_cq(cq: *mut ibv_cq) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     if cq.is_null() || cqe < 1 {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, &format!("sqd_check_resize_cq: cq is NULL or cqe {cqe} is below 1"));
     }
     boundary(|| {
         with_checker(|c| c.resize_cq(cq as usize, cqe as u32));
@@ -157,7 +177,7 @@ pub unsafe extern "C" fn sqd_check_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_i
 #[no_mangle]
 pub extern "C" fn sqd_check_untrack_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_untrack_cq: cq is NULL");
     }
     boundary(|| {
         with_checker(|c| c.untrack_cq(cq as usize));
@@ -170,7 +190,7 @@ pub extern "C" fn sqd_check_untrack_cq(cq: *mut ibv_cq) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_track_qp(qp: *mut ibv_qp, attr: *const ibv_qp_init_attr) -> c_int {
     if qp.is_null() || attr.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_track_qp: qp or attr is NULL");
     }
     boundary(|| {
         // SAFETY: live and readable (caller's promise).
@@ -183,7 +203,7 @@ pub unsafe extern "C" fn sqd_check_track_qp(qp: *mut ibv_qp, attr: *const ibv_qp
 #[no_mangle]
 pub extern "C" fn sqd_check_untrack_qp(qp: *mut ibv_qp) -> c_int {
     if qp.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_untrack_qp: qp is NULL");
     }
     boundary(|| {
         with_checker(|c| c.untrack_qp(qp as usize, &ProcessMemory));
@@ -196,7 +216,7 @@ pub extern "C" fn sqd_check_untrack_qp(qp: *mut ibv_qp) -> c_int {
 #[no_mangle]
 pub extern "C" fn sqd_check_qp_state(qp: *mut ibv_qp, state: c_int) -> c_int {
     if qp.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_qp_state: qp is NULL");
     }
     boundary(|| {
         let s = state as u32;
@@ -214,7 +234,7 @@ pub extern "C" fn sqd_check_qp_state(qp: *mut ibv_qp, state: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_track_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_track_mr: mr is NULL");
     }
     boundary(|| {
         // SAFETY: live (caller's promise); field read.
@@ -228,7 +248,7 @@ pub unsafe extern "C" fn sqd_check_track_mr(mr: *mut ibv_mr) -> c_int {
 #[no_mangle]
 pub extern "C" fn sqd_check_untrack_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_untrack_mr: mr is NULL");
     }
     boundary(|| {
         with_checker(|c| c.untrack_mr(mr as usize));
@@ -258,13 +278,17 @@ pub extern "C" fn sqd_check_count(kind: u32) -> u64 {
 /// `out` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_record(kind: u32, index: usize, out: *mut SqdCheckRecord) -> c_int {
-    let Some(k) = Kind::from_u32(kind) else { return -libc::EINVAL };
+    let Some(k) = Kind::from_u32(kind) else {
+        return fail(-libc::EINVAL, &format!("sqd_check_record: {kind} is not a kind (1..=8)"));
+    };
     if out.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_record: out is NULL");
     }
     boundary(|| {
         let g = lock();
-        let Some(r) = g.as_ref().and_then(|st| st.checker.log.record(k, index)) else { return -libc::ENOENT };
+        let Some(r) = g.as_ref().and_then(|st| st.checker.log.record(k, index)) else {
+            return fail(-libc::ENOENT, &format!("sqd_check_record: no kept finding #{index} of kind {kind}"));
+        };
         let mut text = [0 as c_char; RECORD_TEXT];
         for (d, &b) in text.iter_mut().zip(r.text.as_bytes().iter().take(RECORD_TEXT - 1)) {
             *d = b as c_char;
@@ -299,7 +323,10 @@ pub extern "C" fn sqd_check_kind_str(kind: u32) -> *const c_char {
 pub extern "C" fn sqd_check_write_report(fd: c_int) -> c_int {
     boundary(|| {
         let report = lock().as_ref().map(|st| st.checker.log.report("on request")).unwrap_or_default();
-        output::write_to_fd(fd, &report)
+        match output::write_to_fd(fd, &report) {
+            0 => 0,
+            e => fail(e, &format!("sqd_check_write_report: write to fd {fd}: {}", std::io::Error::from_raw_os_error(-e))),
+        }
     })
 }
 
@@ -320,7 +347,7 @@ pub extern "C" fn sqd_check_reset() -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_get_config(out: *mut SqdCheckConfig) -> c_int {
     if out.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_get_config: out is NULL");
     }
     boundary(|| {
         let g = lock();
@@ -344,7 +371,7 @@ pub unsafe extern "C" fn sqd_check_get_config(out: *mut SqdCheckConfig) -> c_int
 #[no_mangle]
 pub unsafe extern "C" fn sqd_check_set_config(cfg: *const SqdCheckConfig) -> c_int {
     if cfg.is_null() {
-        return -libc::EINVAL;
+        return fail(-libc::EINVAL, "sqd_check_set_config: cfg is NULL");
     }
     // SAFETY: readable (caller's promise).
     let v = unsafe { cfg.read() };
@@ -352,14 +379,14 @@ pub unsafe extern "C" fn sqd_check_set_config(cfg: *const SqdCheckConfig) -> c_i
         0 => Mode::Off,
         1 => Mode::Log,
         2 => Mode::Abort,
-        _ => return -libc::EINVAL,
+        m => return fail(-libc::EINVAL, &format!("sqd_check_set_config: mode {m} is not 0 (off), 1 (log) or 2 (abort)")),
     };
     boundary(|| {
         let mut g = lock();
         let Some(st) = g.as_mut() else { return -libc::EIO };
         if st.off() && mode != Mode::Off {
             // Contexts were not attached while checking was off; turning it on later would see half a program.
-            return -libc::EINVAL;
+            return fail(-libc::EINVAL, "sqd_check_set_config: checking started off (SQDISC_CHECK=off) and stays off");
         }
         let mut c = st.checker.cfg.clone();
         c.mode = mode;
