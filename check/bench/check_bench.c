@@ -5,7 +5,8 @@
  *
  * usage: check_bench plain|check BATCH WRS SAMPLE_EVERY
  *   plain  the null provider's ops called directly (the checker not attached)
- *   check  sqd_check_attach on the device, its CQ, QP and MR tracked; SAMPLE_EVERY as SQDISC_CHECK_SAMPLE
+ *   check  sqd_check_attach on the device, its CQ, QP and MR tracked; SAMPLE_EVERY as SQDISC_CHECK_SAMPLE,
+ *          the other settings as the environment gives them (the defaults: the idle-tail rule on)
  * Runs 1024 WRs of warm-up, then WRS WRs. */
 #include "../../benches/null_provider.h"
 #include <sqdisc_check.h>
@@ -82,7 +83,6 @@ int main(int argc, char **argv)
         sqd_check_get_config(&c);
         c.mode = SQD_CHECK_MODE_LOG;
         c.sample_every = (uint32_t)atoi(argv[4]);
-        c.idle_ms = 0;
         if (sqd_check_set_config(&c) || sqd_check_attach(qp->context) || sqd_check_track_cq(cq) ||
             sqd_check_track_qp(qp, &attr) || sqd_check_track_mr(&mr))
             return 1;
