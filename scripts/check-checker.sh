@@ -9,7 +9,7 @@
 #      SQDISC_CHECK=off writes nothing. The preloaded runs are plain dynamic builds only: preloading into an
 #      ASan binary needs the ASan runtime first in LD_PRELOAD, which would test the sanitizer's set-up more
 #      than the checker.
-#   3. The demo (examples/demo.c) under the checker, seeds 1 to 3: for the raw ULP, every violation the sim
+#   3. The demo (examples/demo.c) under the checker, seeds 1 to 5 at depths 4 to 64: for the raw ULP, every violation the sim
 #      logs of a kind a checker rule covers is reported by the checker too, on the same QP and WQE; for the
 #      sqdisc ULP, no violation at all; and the demo's output (but its wall time) is the same as without it.
 # c-tests/check/sim_shim.c tells the checker about the sim's objects (the sim does not make them through
@@ -23,7 +23,8 @@ out=$root/build/check-checker
 CC=${CC:-cc}
 stage_lib=$stage$libdir
 CFLAGS_STRICT=(-std=c11 -Wall -Wextra -Wpedantic -Werror -g)
-SEEDS=${SQDISC_CHECK_SEEDS:-1 2 3}
+# The demo runs: SEED:DEPTH pairs.
+RUNS=${SQDISC_CHECK_RUNS:-1:16 2:16 3:16 4:4 5:64}
 REQUESTS=${SQDISC_CHECK_REQUESTS:-4000}
 
 pc() {
@@ -165,8 +166,9 @@ fi
 # ---- 3. the demo ---------------------------------------------------------------------------------------------
 if "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$root/examples/demo.c" -o "$out/demo" "${sim_libs[@]}" \
     > "$out/demo.build" 2>&1; then
-    for seed in $SEEDS; do
-        args=(--seed "$seed" --requests "$REQUESTS")
+    for sd in $RUNS; do
+        seed=${sd%%:*}
+        args=(--seed "$seed" --depth "${sd#*:}" --requests "$REQUESTS")
         run "$out/demo-$seed.plain" "$out/demo" "${args[@]}" || true
         rc=0
         SQDISC_CHECK_COMPARE=1 SQDISC_CHECK_SAMPLE=1 SQDISC_CHECK_FIRST=10000000 SQDISC_CHECK_IDLE_MS=0 \
@@ -175,20 +177,20 @@ if "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$root/examples/demo.c" -o "$o
         raw=$(grep '^compare sim 0:' "$out/demo-$seed.checked" || true)
         managed=$(grep '^compare sim 1:' "$out/demo-$seed.checked" || true)
         if [ -n "$raw" ] && grep -q 'unmatched 0$' <<<"$raw" && ! grep -q 'sim 0 violations' <<<"$raw"; then
-            pass "demo seed $seed, raw ULP: the checker reported every sim violation its rules cover: ${raw#compare sim 0: }"
+            pass "demo seed $seed depth ${sd#*:}, raw ULP: the checker reported every sim violation its rules cover: ${raw#compare sim 0: }"
         else
-            fail "demo seed $seed, raw ULP: ${raw:-no comparison}" "$out/demo-$seed.checked"
+            fail "demo seed $seed depth ${sd#*:}, raw ULP: ${raw:-no comparison}" "$out/demo-$seed.checked"
         fi
         if [ -n "$managed" ] && grep -q 'sim 0 violations' <<<"$managed" && grep -q 'checker 0 violations' <<<"$managed"; then
-            pass "demo seed $seed, sqdisc ULP: no violation from the sim or the checker"
+            pass "demo seed $seed depth ${sd#*:}, sqdisc ULP: no violation from the sim or the checker"
         else
-            fail "demo seed $seed, sqdisc ULP: ${managed:-no comparison}" "$out/demo-$seed.checked"
+            fail "demo seed $seed depth ${sd#*:}, sqdisc ULP: ${managed:-no comparison}" "$out/demo-$seed.checked"
         fi
         if [ "$rc" -eq 0 ] && cmp -s <(grep -v -e '^compare sim' -e '^UNMATCHED' -e 'wall time' "$out/demo-$seed.checked") \
             <(grep -v 'wall time' "$out/demo-$seed.plain"); then
-            pass "demo seed $seed: the same output and exit status as without the checker"
+            pass "demo seed $seed depth ${sd#*:}: the same output and exit status as without the checker"
         else
-            fail "demo seed $seed: the checker changed the demo's output or exit status ($rc)" "$out/demo-$seed.checked"
+            fail "demo seed $seed depth ${sd#*:}: the checker changed the demo's output or exit status ($rc)" "$out/demo-$seed.checked"
         fi
     done
 else
