@@ -67,7 +67,8 @@ CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
 	@echo 'make check      everything CI runs: deps, cargo test (bounded fault campaign), miri, tsan, header/ABI'
-	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, fuzz-smoke, bench-guard, install round trip'
+	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
+	@echo '                install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'

@@ -252,12 +252,12 @@ impl Checker {
                 if cq == info.send_cq && !c.senders.contains(&qp) {
                     c.senders.push(qp);
                 }
-                if slots > 0 && !checks.iter().any(|&(k, _, _)| k == cq) {
-                    checks.push((cq, c.capacity, 0));
+                if slots > 0 && !checks.iter().any(|&(k, _)| k == cq) {
+                    checks.push((cq, c.capacity));
                 }
             }
         }
-        for (cq, cap, _) in checks {
+        for (cq, cap) in checks {
             let need = self.cqs.get(&cq).map_or(0, |c| c.reserved);
             if need > cap {
                 self.find(
