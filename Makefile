@@ -54,15 +54,26 @@ SPDK_SONAME := $(SPDK_SO).$(SPDK_MAJOR)
 SPDK_REAL := $(SPDK_SO).$(SPDK_VERSION)
 SPDK_A := libsqdisc_spdk.a
 
-.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
+# libsqdisc_check, the discipline checker for unmodified verbs programs (check/): versioned on its own.
+CHECK_VERSION := $(shell awk -F'"' '/^\[/ { pkg = ($$0 == "[package]") } pkg && /^version *=/ { print $$2; exit }' check/Cargo.toml)
+CHECK_MAJOR := $(word 1,$(subst ., ,$(CHECK_VERSION)))
+CHECK_SO := libsqdisc_check.so
+CHECK_SONAME := $(CHECK_SO).$(CHECK_MAJOR)
+CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
+
+.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
 	@echo 'make check      everything CI runs: deps, cargo test (bounded fault campaign), miri, tsan, header/ABI'
-	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, fuzz-smoke, bench-guard, install round trip'
+	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
+	@echo '                install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
+	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'
+	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
+	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
@@ -76,7 +87,7 @@ help:
 	@echo 'make deps       install what the build and every check need (Debian packages as root, nightly tools)'
 	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
 
-all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc spdk-shim
+all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc spdk-shim check-lib
 
 deps:
 	bash scripts/install-deps.sh check
@@ -175,6 +186,56 @@ $(BUILD)/sqdisc_spdk.pc: pkgconfig/sqdisc_spdk.pc.in spdk-cargo-release
 check-spdk-symbols: spdk-shim
 	bash scripts/check-spdk-symbols.sh $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(SPDK_SONAME)
 
+# ---- libsqdisc_check ------------------------------------------------------------------------------------
+
+# As libsqdisc_spdk: the crate's staticlib merged into one object whose only global symbols are the interposed
+# libibverbs functions and sqd_check_*, linked into a shared library with an explicit export map
+# (check/sqdisc_check.map). It does not link the sqdisc core. Only the shared library is built: interposition
+# is what it is for.
+check-lib: $(BUILD)/lib/$(CHECK_REAL) $(BUILD)/sqdisc_check.pc
+
+check-cargo-release:
+	@mkdir -p $(BUILD)
+	$(CARGO) rustc -p sqdisc-check --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
+		| tee $(BUILD)/check-cargo-release.log
+	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/check-cargo-release.log | tail -n 1); \
+	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
+	libs=$$(printf '%s\n' $$libs | grep -vx -e '-libverbs' -e '-lrdmacm' | tr '\n' ' ' | sed 's/ *$$//'); \
+	printf '%s\n' "$$libs" > $(BUILD)/check-native-static-libs.new; \
+	cmp -s $(BUILD)/check-native-static-libs.new $(BUILD)/check-native-static-libs 2>/dev/null \
+		&& rm $(BUILD)/check-native-static-libs.new || mv $(BUILD)/check-native-static-libs.new $(BUILD)/check-native-static-libs
+
+$(BUILD)/obj/sqdisc_check.o: check-cargo-release
+	@mkdir -p $(@D)
+	$(LD_R) -r --whole-archive $(RELEASE_DIR)/libsqdisc_check.a -o $(BUILD)/obj/sqdisc_check-merged.o
+	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $(BUILD)/obj/sqdisc_check-merged.o
+	$(NM) -g --defined-only $(BUILD)/obj/sqdisc_check-merged.o \
+		| awk '$$3 ~ /^(sqd_check_|ibv_)/ { print $$3 }' > $(BUILD)/obj/sqdisc_check.keep
+	@test "$$(grep -c '^ibv_' $(BUILD)/obj/sqdisc_check.keep)" = 11 \
+		|| { echo "error: $(RELEASE_DIR)/libsqdisc_check.a does not define the 11 interposed functions" >&2; exit 1; }
+	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc_check.keep $(BUILD)/obj/sqdisc_check-merged.o $@
+
+$(BUILD)/lib/$(CHECK_REAL): $(BUILD)/obj/sqdisc_check.o check/sqdisc_check.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< -Wl,-soname,$(CHECK_SONAME) -Wl,--version-script=$(CURDIR)/check/sqdisc_check.map \
+		-Wl,-z,relro,-z,now -Wl,--gc-sections -Wl,--as-needed $$(cat $(BUILD)/check-native-static-libs) -libverbs
+	ln -sfn $(CHECK_REAL) $(@D)/$(CHECK_SONAME)
+	ln -sfn $(CHECK_SONAME) $(@D)/$(CHECK_SO)
+
+$(BUILD)/sqdisc_check.pc: pkgconfig/sqdisc_check.pc.in check-cargo-release
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|' \
+	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	    -e 's|@VERSION@|$(CHECK_VERSION)|' $< > $@
+
+check-check-symbols: check-lib
+	bash scripts/check-checker-symbols.sh $(BUILD)/lib/$(CHECK_REAL) $(CHECK_SONAME) check/include/sqdisc_check.h
+
+# The checker's C tests on the software HCA and the demo comparison (scripts/check-checker.sh, docs/check.md).
+check-checker:
+	CC='$(CC)' bash scripts/check-checker.sh $(STAGE) $(STAGE_LIBDIR)
+
 $(BUILD)/sqdisc.pc: pkgconfig/sqdisc.pc.in cargo-release
 	@mkdir -p $(@D)
 	sed -e 's|@PREFIX@|$(PREFIX)|' \
@@ -199,6 +260,11 @@ install: all
 	install -m 0644 $(BUILD)/lib/$(SPDK_A) $(DESTDIR)$(LIBDIR)/$(SPDK_A)
 	install -m 0644 spdk/include/sqdisc_spdk.h $(DESTDIR)$(INCLUDEDIR)/
 	install -m 0644 $(BUILD)/sqdisc_spdk.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
+	install -m 0755 $(BUILD)/lib/$(CHECK_REAL) $(DESTDIR)$(LIBDIR)/$(CHECK_REAL)
+	ln -sfn $(CHECK_REAL) $(DESTDIR)$(LIBDIR)/$(CHECK_SONAME)
+	ln -sfn $(CHECK_SONAME) $(DESTDIR)$(LIBDIR)/$(CHECK_SO)
+	install -m 0644 check/include/sqdisc_check.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 $(BUILD)/sqdisc_check.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_check.pc
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
@@ -207,6 +273,8 @@ uninstall:
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
 	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_SONAME) $(DESTDIR)$(LIBDIR)/$(SPDK_SO)
 	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_A) $(DESTDIR)$(INCLUDEDIR)/sqdisc_spdk.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
+	rm -f $(DESTDIR)$(LIBDIR)/$(CHECK_REAL) $(DESTDIR)$(LIBDIR)/$(CHECK_SONAME) $(DESTDIR)$(LIBDIR)/$(CHECK_SO)
+	rm -f $(DESTDIR)$(INCLUDEDIR)/sqdisc_check.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_check.pc
 
 # ---- headers ---------------------------------------------------------------------------------------------
 
@@ -254,10 +322,12 @@ check:
 	$(MAKE) --no-print-directory all
 	$(MAKE) --no-print-directory check-symbols
 	$(MAKE) --no-print-directory check-spdk-symbols
+	$(MAKE) --no-print-directory check-check-symbols
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory c-tests
 	$(MAKE) --no-print-directory check-spdk-dropin
+	$(MAKE) --no-print-directory check-checker
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-guard
 	$(MAKE) --no-print-directory check-install
@@ -313,7 +383,7 @@ BENCH_STAGE := $(CURDIR)/$(BUILD)/bench/stage
 BENCH_STAGE_VARS := DESTDIR=$(BENCH_STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
 	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
 
-.PHONY: bench bench-guard bench-stage bench-spdk
+.PHONY: bench bench-guard bench-stage bench-spdk bench-check
 
 bench-stage:
 	rm -rf $(BENCH_STAGE)
@@ -331,6 +401,11 @@ bench-guard:
 	$(MAKE) --no-print-directory bench-stage
 	CC='$(CC)' bash scripts/bench-guard.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
 	CC='$(CC)' bash scripts/bench-spdk.sh $(BENCH_STAGE) $(STAGE_LIBDIR) --guard
+
+# What libsqdisc_check costs per WR on the null provider (docs/check.md's table).
+bench-check:
+	$(MAKE) --no-print-directory bench-stage
+	CC='$(CC)' bash scripts/bench-check.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
 
 # The SPDK provider against SPDK's verbs provider's behaviour, instructions per WR: a table in docs/spdk.md.
 bench-spdk:

@@ -13,6 +13,8 @@ version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { 
 major=${version%%.*}
 spdk_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' spdk/Cargo.toml)
 spdk_major=${spdk_version%%.*}
+check_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' check/Cargo.toml)
+check_major=${check_version%%.*}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -40,6 +42,11 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
         "$libdir/libsqdisc_spdk.a"
         "$includedir/sqdisc_spdk.h"
         "$pcdir/sqdisc_spdk.pc"
+        "$libdir/libsqdisc_check.so.$check_version"
+        "$libdir/libsqdisc_check.so.$check_major"
+        "$libdir/libsqdisc_check.so"
+        "$includedir/sqdisc_check.h"
+        "$pcdir/sqdisc_check.pc"
     )
     for h in include/*.h; do expected+=("$includedir/$(basename "$h")"); done
     printf '%s\n' "${expected[@]}" | sort > "$work/$label.expected"
@@ -83,6 +90,20 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
     else
         sed 's/^/    | /' "$dest$pcdir/sqdisc_spdk.pc"
         fail "install ($label): sqdisc_spdk.pc is wrong"
+    fi
+
+    [ "$(readlink "$dest$libdir/libsqdisc_check.so")" = "libsqdisc_check.so.$check_major" ] \
+        && [ "$(readlink "$dest$libdir/libsqdisc_check.so.$check_major")" = "libsqdisc_check.so.$check_version" ] \
+        && pass "install ($label): libsqdisc_check.so -> .so.$check_major -> .so.$check_version" \
+        || fail "install ($label): libsqdisc_check.so links are wrong"
+    if [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --variable=libdir sqdisc_check)" = "$libdir" ] \
+        && [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --variable=includedir sqdisc_check)" = "$includedir" ] \
+        && [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --modversion sqdisc_check)" = "$check_version" ] \
+        && ! grep -q "$dest" "$dest$pcdir/sqdisc_check.pc"; then
+        pass "install ($label): sqdisc_check.pc names libdir $libdir, includedir $includedir, version $check_version, no DESTDIR"
+    else
+        sed 's/^/    | /' "$dest$pcdir/sqdisc_check.pc"
+        fail "install ($label): sqdisc_check.pc is wrong"
     fi
 
     if ! $make_cmd --no-print-directory -s uninstall DESTDIR="$dest" "$@" > "$work/$label.log" 2>&1; then
