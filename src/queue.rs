@@ -152,12 +152,13 @@ pub struct QueueStats {
     /// The signal interval in force.
     pub signal_interval: u32,
     /// The `ibv_wc_status` that failed the queue, else 0: that of the first error completion of its sends whose
-    /// status is not `IBV_WC_WR_FLUSH_ERR` (a device may flush earlier WRs before it reports the error that
-    /// put the QP in the error state). It is `IBV_WC_WR_FLUSH_ERR` only while no other error status has been
-    /// reaped: the QP was moved to the error state from outside, or an async event failed the queue (the
-    /// completions reaped after that are swallowed and change nothing). The failing WR may be one of the
-    /// library's own (an idle-tail or drain marker, or a deferred LocalInv), whose completion `sqd_cq_poll`
-    /// never shows: the ULP's WRs then release with `IBV_WC_WR_FLUSH_ERR` only, and this field and
+    /// status is not `IBV_WC_WR_FLUSH_ERR` (kept even if a device reaped flushes before it). It is
+    /// `IBV_WC_WR_FLUSH_ERR` only while no other error status has been reaped: the QP was moved to the error
+    /// state from outside, or an async event failed the queue (the completions reaped after that are
+    /// swallowed and change nothing). The failing WR may be one of the library's own (an idle-tail or drain
+    /// marker, or a deferred LocalInv), whose completion `sqd_cq_poll` never shows: the ULP's WRs before it
+    /// then release as successful (its completion proves they finished), those after it with
+    /// `IBV_WC_WR_FLUSH_ERR`, no completion the ULP sees carries the error, and this field and
     /// `failed_vendor_err` are where the cause shows.
     pub failed_status: u32,
     /// 1 when the queue takes no more WRs (failed or draining).
