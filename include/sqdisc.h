@@ -389,8 +389,9 @@ struct sqd_queue_stats {
      */
     uint64_t verify_mismatches;
     /**
-     * Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
-     * their SGE and inline storage, verification storage). Allocated once, at creation.
+     * Bytes the queue allocated at creation (fixed part, 16 bytes per slot rounded to a power of two, backlog
+     * entries with their SGE and inline storage, verification storage). Not counted: what grows later with
+     * use, namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
      */
     uint64_t bytes;
     /**
@@ -785,6 +786,11 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  *
  * If the peer already invalidated the rkey with SEND_WITH_INV, the receive's release says so
  * (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
+ *
+ * Unfenced invalidations wait in the queue, not in the SQ or the backlog, so any number may be pending
+ * however full those are: each takes a small record (a few dozen bytes) from the heap until its `done` ran,
+ * and that memory is not counted in `sqd_queue_stats.bytes`. The records are kept for reuse, so a steady
+ * state allocates nothing.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
  * (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:

@@ -174,8 +174,9 @@ pub struct QueueStats {
     pub teardown_failures: u64,
     /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
     pub verify_mismatches: u64,
-    /// Bytes the queue allocated (fixed part, 16 bytes per slot rounded to a power of two, backlog entries with
-    /// their SGE and inline storage, verification storage). Allocated once, at creation.
+    /// Bytes the queue allocated at creation (fixed part, 16 bytes per slot rounded to a power of two, backlog
+    /// entries with their SGE and inline storage, verification storage). Not counted: what grows later with
+    /// use, namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
     pub bytes: u64,
     /// Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
     /// deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.

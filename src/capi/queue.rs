@@ -352,6 +352,11 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// If the peer already invalidated the rkey with SEND_WITH_INV, the receive's release says so
 /// (`SQD_COMPLETION_REMOTE_INV`, `invalidated_rkey`) and no LocalInv is needed.
 ///
+/// Unfenced invalidations wait in the queue, not in the SQ or the backlog, so any number may be pending
+/// however full those are: each takes a small record (a few dozen bytes) from the heap until its `done` ran,
+/// and that memory is not counted in `sqd_queue_stats.bytes`. The records are kept for reuse, so a steady
+/// state allocates nothing.
+///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
 /// (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
 /// nothing is posted and `done` is not called).
