@@ -39,24 +39,9 @@ static struct sqd_sim_stats simstats(void)
     return s;
 }
 
-static void world_free(void)
-{
-    if (w.q) {
-        struct ibv_wc wc[8];
-        for (int i = 0; i < 64 && sqd_queue_drain(w.q) == -EINPROGRESS; i++) {
-            sqd_sim_step(w.sim, 1);
-            sqd_cq_poll(w.scq, 8, wc);
-        }
-        if (sqd_queue_free(w.q) != 0)
-            printf("FAIL %s: teardown: the queue cannot be freed: %s\n", current, sqd_last_error());
-    }
-    if (w.scq && sqd_cq_free(w.scq) != 0)
-        printf("FAIL %s: teardown: the CQ cannot be freed: %s\n", current, sqd_last_error());
-    sqd_sim_free(w.sim);
-    memset(&w, 0, sizeof w);
-}
-
-static void a_failed_markers_status_and_vendor_error_show_in_the_stats(void)
+/* Two connected RC QPs (depth 16) on the sim, whose time only sqd_sim_step advances; a local MR and a remote
+ * one the peer may read; QP a managed on its CQ with signal interval 4. */
+static void world_new(void)
 {
     struct sqd_sim_config cfg;
     sqd_sim_config_default(&cfg);
@@ -80,6 +65,28 @@ static void a_failed_markers_status_and_vendor_error_show_in_the_stats(void)
     struct sqd_queue_attr attr = {.sq_depth = qa.cap.max_send_wr, .max_send_sge = 1, .signal_interval = 4,
                                   .release = log_release, .release_ctx = &w};
     CHECK_EQ(sqd_queue_new(w.scq, NULL, w.a, &attr, &w.q), 0);
+}
+
+static void world_free(void)
+{
+    if (w.q) {
+        struct ibv_wc wc[8];
+        for (int i = 0; i < 64 && sqd_queue_drain(w.q) == -EINPROGRESS; i++) {
+            sqd_sim_step(w.sim, 1);
+            sqd_cq_poll(w.scq, 8, wc);
+        }
+        if (sqd_queue_free(w.q) != 0)
+            printf("FAIL %s: teardown: the queue cannot be freed: %s\n", current, sqd_last_error());
+    }
+    if (w.scq && sqd_cq_free(w.scq) != 0)
+        printf("FAIL %s: teardown: the CQ cannot be freed: %s\n", current, sqd_last_error());
+    sqd_sim_free(w.sim);
+    memset(&w, 0, sizeof w);
+}
+
+static void a_failed_markers_status_and_vendor_error_show_in_the_stats(void)
+{
+    world_new();
 
     /* The READ's response is lost on the way back. */
     struct sqd_sim_fault lose = {.kind = SQD_SIM_FAULT_LOSE_ACKS, .qp = w.a, .count = 1};
@@ -138,25 +145,7 @@ static void a_failed_markers_status_and_vendor_error_show_in_the_stats(void)
 /* A queue whose only error is a flush (the ULP moved the QP to the error state) records the flush. */
 static void flush_only_is_recorded(void)
 {
-    struct sqd_sim_config cfg;
-    sqd_sim_config_default(&cfg);
-    cfg.steps_per_poll = 0;
-    CHECK_EQ(sqd_sim_new(&cfg, &w.sim), 0);
-    CHECK_EQ(sqd_sim_create_cq(w.sim, 64, &w.cq_a), 0);
-    CHECK_EQ(sqd_sim_create_cq(w.sim, 64, &w.cq_b), 0);
-    struct ibv_qp_init_attr qa = {.send_cq = w.cq_a, .recv_cq = w.cq_a, .qp_type = IBV_QPT_RC,
-                                  .cap = {.max_send_wr = 16, .max_recv_wr = 1, .max_send_sge = 1,
-                                          .max_recv_sge = 1}};
-    CHECK_EQ(sqd_sim_create_qp(w.sim, &qa, &w.a), 0);
-    struct ibv_qp_init_attr qb = qa;
-    qb.send_cq = qb.recv_cq = w.cq_b;
-    CHECK_EQ(sqd_sim_create_qp(w.sim, &qb, &w.b), 0);
-    CHECK_EQ(sqd_sim_connect(w.a, w.b, NULL), 0);
-    CHECK_EQ(sqd_sim_reg_mr(w.sim, local_buf, sizeof local_buf, IBV_ACCESS_LOCAL_WRITE, &w.mr_local), 0);
-    CHECK_EQ(sqd_cq_new(w.cq_a, &w.scq), 0);
-    struct sqd_queue_attr attr = {.sq_depth = 16, .max_send_sge = 1, .signal_interval = 4,
-                                  .release = log_release, .release_ctx = &w};
-    CHECK_EQ(sqd_queue_new(w.scq, NULL, w.a, &attr, &w.q), 0);
+    world_new();
     CHECK_EQ(sqd_sim_set_error(w.a), 0);
     struct ibv_sge sge = {.addr = (uintptr_t)local_buf, .length = 8, .lkey = w.mr_local->lkey};
     struct ibv_send_wr wr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,

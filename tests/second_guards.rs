@@ -50,25 +50,7 @@ fn a_receive_completion_out_of_order_retires_nothing_but_the_oldest_receive_in_o
     let cfg = QueueConfig { sq_depth: 8, rq_depth: 4, max_send_sge: 4, max_inline_data: 64, ..QueueConfig::default() };
     // SAFETY: as above.
     let q = Queue::new(&cq, Some(&cq), unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, Some(logger(&log))).unwrap();
-    let rig_recvs = |ids: std::ops::Range<u64>| {
-        let mut sges: Vec<rdma_sys::ibv_sge> = ids.clone().map(|_| rdma_sys::ibv_sge { addr: 0x9000, length: 64, lkey: 9 }).collect();
-        // SAFETY: all-zero is a valid `ibv_recv_wr`.
-        let mut wrs: Vec<rdma_sys::ibv_recv_wr> = ids.clone().map(|_| unsafe { std::mem::zeroed() }).collect();
-        let n = wrs.len();
-        let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
-        for (i, id) in ids.enumerate() {
-            // SAFETY: `i < n`; both pointers cover `n` elements; no reference into the vectors is live.
-            unsafe {
-                let w = base.add(i);
-                (*w).wr_id = id;
-                (*w).num_sge = 1;
-                (*w).sg_list = sge_base.add(i);
-                (*w).next = if i + 1 < n { base.add(i + 1) } else { std::ptr::null_mut() };
-            }
-        }
-        // SAFETY: the chain lives here for the whole call.
-        q.post_recv(unsafe { sqdisc::verbs::RecvChain::from_raw(base) }).map_err(|e| e.error.errno())
-    };
+    let rig_recvs = |ids: std::ops::Range<u64>| post_recv_chain(&q, ids, 64);
     let poll = || {
         // SAFETY: all-zero is a valid `ibv_wc`.
         let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };

@@ -171,24 +171,7 @@ impl<D: ?Sized + Scriptable> Rig<D> {
     }
 
     pub fn post_recvs(&self, ids: std::ops::Range<u64>) -> Result<(), i32> {
-        let mut sges: Vec<ibv_sge> = ids.clone().map(|_| ibv_sge { addr: 0x9000, length: 256, lkey: 9 }).collect();
-        // SAFETY: all-zero is a valid `ibv_recv_wr`.
-        let mut wrs: Vec<ibv_recv_wr> = ids.clone().map(|_| unsafe { std::mem::zeroed() }).collect();
-        let n = wrs.len();
-        let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
-        for (i, id) in ids.enumerate() {
-            // SAFETY: `i < n`; both pointers cover `n` elements; no reference into the vectors is live.
-            unsafe {
-                let w = base.add(i);
-                (*w).wr_id = id;
-                (*w).num_sge = 1;
-                (*w).sg_list = sge_base.add(i);
-                (*w).next = if i + 1 < n { base.add(i + 1) } else { ptr::null_mut() };
-            }
-        }
-        // SAFETY: the chain lives here for the whole call.
-        let r = self.q().post_recv(unsafe { RecvChain::from_raw(base) });
-        r.map_err(|e| e.error.errno())
+        post_recv_chain(self.q(), ids, 256)
     }
 
     /// Polls until the CQ is empty; returns (wr_id, status, opcode) of every work completion shown.
@@ -218,3 +201,24 @@ impl<D: ?Sized + Scriptable> Rig<D> {
     }
 }
 
+/// Posts receives `ids` to `q` as one chain, one SGE of `len` bytes each; returns the errno of a refusal.
+pub fn post_recv_chain(q: &Queue, ids: std::ops::Range<u64>, len: u32) -> Result<(), i32> {
+    let mut sges: Vec<ibv_sge> = ids.clone().map(|_| ibv_sge { addr: 0x9000, length: len, lkey: 9 }).collect();
+    // SAFETY: all-zero is a valid `ibv_recv_wr`.
+    let mut wrs: Vec<ibv_recv_wr> = ids.clone().map(|_| unsafe { std::mem::zeroed() }).collect();
+    let n = wrs.len();
+    let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+    for (i, id) in ids.enumerate() {
+        // SAFETY: `i < n`; both pointers cover `n` elements; no reference into the vectors is live.
+        unsafe {
+            let w = base.add(i);
+            (*w).wr_id = id;
+            (*w).num_sge = 1;
+            (*w).sg_list = sge_base.add(i);
+            (*w).next = if i + 1 < n { base.add(i + 1) } else { ptr::null_mut() };
+        }
+    }
+    // SAFETY: the chain lives here for the whole call.
+    let r = q.post_recv(unsafe { RecvChain::from_raw(base) });
+    r.map_err(|e| e.error.errno())
+}
