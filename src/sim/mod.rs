@@ -387,14 +387,18 @@ impl SimDevice {
         unsafe { (*ctx).device = &*device };
         // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
         // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead.
-        crate::verbs::control::register_device(
-            ctx.cast(),
-            crate::verbs::control::DeviceOps {
-                dereg_mr: dereg_for_library,
-                create_srq: Some(create_srq_for_library),
-                destroy_srq: Some(destroy_srq_for_library),
-            },
-        );
+        // SAFETY: the three functions do on this device's objects what the libibverbs calls would (each finds the
+        // device from the object and refuses objects of no live sim device).
+        unsafe {
+            crate::verbs::control::register_device(
+                ctx.cast(),
+                crate::verbs::control::DeviceOps {
+                    dereg_mr: dereg_for_library,
+                    create_srq: Some(create_srq_for_library),
+                    destroy_srq: Some(destroy_srq_for_library),
+                },
+            )
+        };
         Ok(device)
     }
 
@@ -865,7 +869,8 @@ unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
-        crate::verbs::control::unregister_device(self.context());
+        // SAFETY: the device is going: none of its objects is torn down after this.
+        unsafe { crate::verbs::control::unregister_device(self.context()) };
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every MR, QP and CQ referring to them was freed by `clear` above.
