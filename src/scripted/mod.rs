@@ -256,7 +256,7 @@ struct ContextObj {
 
 /// A scripted verbs device: a real `struct ibv_context` and `struct ibv_pd`, and the CQs and QPs made on it.
 ///
-/// The context's ops callbacks find the device through a pointer to it, so it never moves (Rust: it is made
+/// The context's ops callbacks find the device through a pointer to it, so it never moves (it is made
 /// pinned). Freeing it frees every object it made. Not thread-safe: one thread at a time per device.
 pub struct ScriptedDevice {
     ctx: *mut ContextObj,

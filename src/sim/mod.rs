@@ -126,7 +126,7 @@ pub fn violation_kind_str(kind: u32) -> &'static str {
     }
 }
 
-/// How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from [`SimConfig::default`].
+/// How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from the defaults (`sqd_sim_config_default`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimConfig {
@@ -307,7 +307,11 @@ struct ContextObj {
 /// A simulated HCA: a real `struct ibv_context` and `struct ibv_pd`, and the MRs, CQs and QPs made on it.
 ///
 /// The ops callbacks find the device through a pointer stored in the context, so it never moves (it is made
-/// pinned). Dropping it frees every object it made. One thread at a time.
+/// pinned). Freeing it frees every object it made.
+///
+/// Thread-safe: any number of threads may call into one sim at once (data-path ops, `sqd_sim_*` calls,
+/// stepping); each call holds the device-wide lock for its duration. Only `sqd_sim_free` and the
+/// `sqd_sim_destroy_*` calls must not race other calls on the objects they free.
 pub struct SimDevice {
     ctx: *mut ContextObj,
     pd: *mut ibv_pd,
