@@ -9,9 +9,9 @@
 #include <stdbool.h>
 
 /** The version of the headers: compare with sqd_version() for the library actually loaded. */
-#define SQD_VERSION "0.1.0"
+#define SQD_VERSION "0.2.0"
 #define SQD_VERSION_MAJOR 0
-#define SQD_VERSION_MINOR 1
+#define SQD_VERSION_MINOR 2
 #define SQD_VERSION_PATCH 0
 
 /**
