@@ -65,8 +65,9 @@ awk '{ last[$1] = $2; all[$1] = all[$1] " " $2 }
 # declaration; pointer typedefs read `(*sqd_name)(` and do not match.
 verbs_cflags=$(pkg-config --cflags libibverbs 2>/dev/null || true)
 for h in "$incdir"/*.h; do
-    # libsqdisc_spdk's header belongs to that library (scripts/check-spdk-symbols.sh).
-    [ "$(basename "$h")" = sqdisc_spdk.h ] && continue
+    # libsqdisc_spdk's and libsqdisc_check's headers belong to those libraries (scripts/check-spdk-symbols.sh,
+    # scripts/check-checker-symbols.sh).
+    case $(basename "$h") in sqdisc_spdk.h | sqdisc_check.h) continue ;; esac
     # shellcheck disable=SC2086
     "$CC" -E -P -I"$incdir" $verbs_cflags -x c "$h"
 done | grep -oE '\bsqd_[A-Za-z0-9_]+[[:space:]]*\(' | sed 's/[[:space:]]*($//' | sort -u > "$work/header"
