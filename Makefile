@@ -99,15 +99,14 @@ deps-build:
 
 # ---- release build ---------------------------------------------------------------------------------------
 
-# One cargo invocation builds the shared and the static library; rustc's note on the native libraries a
-# static link needs (replayed by cargo when nothing was rebuilt) becomes the Libs.private of sqdisc.pc.
-# The soname and the export list (only sqd_* leaves libsqdisc.so, so two Rust-built libraries in one C
-# program cannot clash) are link arguments of this invocation alone: a build script's would also reach every
-# cdylib that depends on the crate, such as libsqdisc_spdk.
-SQDISC_LINK_ARGS := -C link-arg=-Wl,-soname,$(LIB_SONAME) -C link-arg=-Wl,--version-script=$(CURDIR)/src/capi/sqdisc.map
+# One cargo invocation builds the crate's static library, and only that: rustc's own link of a cdylib would
+# fail on the symbol versions that --cfg sqdisc_symbol_versions assembles (src/capi/compat.rs), having no
+# node for them. rustc's note on the native libraries a static link needs (replayed by cargo when nothing was
+# rebuilt) becomes the Libs.private of sqdisc.pc.
 cargo-release:
 	@mkdir -p $(BUILD)
-	$(CARGO) rustc --release --lib -- $(SQDISC_LINK_ARGS) --print native-static-libs 2>&1 | tee $(BUILD)/cargo-release.log
+	$(CARGO) rustc --release --lib --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
+		| tee $(BUILD)/cargo-release.log
 	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/cargo-release.log | tail -n 1); \
 	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
 	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
@@ -115,23 +114,37 @@ cargo-release:
 	cmp -s $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs 2>/dev/null \
 		&& rm $(BUILD)/native-static-libs.new || mv $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs
 
-$(BUILD)/lib/$(LIB_REAL): cargo-release
+# Both libraries come from cargo's staticlib, which carries the whole Rust standard library with global
+# symbols, linked into one object without the embedded LLVM bitcode (other toolchains' linker plugins choke
+# on it).
+$(BUILD)/obj/sqdisc-merged.o: cargo-release
 	@mkdir -p $(@D)
-	cp -f $(RELEASE_DIR)/$(LIB_SO) $@
+	$(LD_R) -r --whole-archive $(RELEASE_DIR)/$(LIB_A) -o $@
+	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $@
+
+# The shared library is linked here, not by rustc: rustc's own export list for a cdylib would put every
+# sqd_* function in the base version, unversioned, whatever version script is added to it. The export map
+# names each function and its version node (only those leave libsqdisc.so, so two Rust-built libraries in
+# one C program cannot clash).
+$(BUILD)/lib/$(LIB_REAL): $(BUILD)/obj/sqdisc-merged.o src/capi/sqdisc.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< -Wl,-soname,$(LIB_SONAME) -Wl,--version-script=$(CURDIR)/src/capi/sqdisc.map \
+		-Wl,-z,relro,-z,now -Wl,--gc-sections $$(cat $(BUILD)/native-static-libs) -libverbs
 	ln -sfn $(LIB_REAL) $(@D)/$(LIB_SONAME)
 	ln -sfn $(LIB_SONAME) $(@D)/$(LIB_SO)
 
-# cargo's staticlib carries the whole Rust standard library with global symbols. Link it into one object,
-# drop the embedded LLVM bitcode (other toolchains' linker plugins choke on it), make every symbol but the
-# sqd_* functions local, and archive that single object.
-$(BUILD)/lib/$(LIB_A): cargo-release
-	@mkdir -p $(@D) $(BUILD)/obj
-	$(LD_R) -r --whole-archive $(RELEASE_DIR)/$(LIB_A) -o $(BUILD)/obj/sqdisc-merged.o
-	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $(BUILD)/obj/sqdisc-merged.o
-	$(NM) -g --defined-only $(BUILD)/obj/sqdisc-merged.o | awk '$$3 ~ /^sqd_/ { print $$3 }' \
+# The archive: every symbol but the sqd_* functions made local, in a single object. A static link has no
+# symbol versions: a default version (name@@NODE, src/capi/compat.rs) gets its plain name back, an older one
+# (name@NODE) is made local.
+$(BUILD)/lib/$(LIB_A): $(BUILD)/obj/sqdisc-merged.o
+	@mkdir -p $(@D)
+	$(NM) -g --defined-only $< | awk '$$3 ~ /^sqd_[A-Za-z0-9_]+@@/ { n = $$3; sub(/@@.*/, "", n); print $$3, n }' \
+		> $(BUILD)/obj/sqdisc.unversion
+	$(OBJCOPY) --redefine-syms=$(BUILD)/obj/sqdisc.unversion $< $(BUILD)/obj/sqdisc-plain.o
+	$(NM) -g --defined-only $(BUILD)/obj/sqdisc-plain.o | awk '$$3 ~ /^sqd_[A-Za-z0-9_]+$$/ { print $$3 }' \
 		> $(BUILD)/obj/sqdisc.keep
 	@test -s $(BUILD)/obj/sqdisc.keep || { echo "error: no sqd_* symbol in $(RELEASE_DIR)/$(LIB_A)" >&2; exit 1; }
-	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc.keep $(BUILD)/obj/sqdisc-merged.o $(BUILD)/obj/sqdisc.o
+	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc.keep $(BUILD)/obj/sqdisc-plain.o $(BUILD)/obj/sqdisc.o
 	rm -f $@ && $(AR) rcs $@ $(BUILD)/obj/sqdisc.o
 
 # ---- libsqdisc_spdk --------------------------------------------------------------------------------------

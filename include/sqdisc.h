@@ -1,7 +1,7 @@
 #ifndef SQDISC_H
 #define SQDISC_H
 
-/* Generated from the Rust sources by `make header`; do not edit by hand. */
+/* Generated from the library's sources by `make header`; do not edit by hand. */
 
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -9,9 +9,9 @@
 #include <stdbool.h>
 
 /** The version of the headers: compare with sqd_version() for the library actually loaded. */
-#define SQD_VERSION "0.1.0"
+#define SQD_VERSION "0.2.0"
 #define SQD_VERSION_MAJOR 0
-#define SQD_VERSION_MINOR 1
+#define SQD_VERSION_MINOR 2
 #define SQD_VERSION_PATCH 0
 
 /**
@@ -77,17 +77,18 @@
 #define SQD_INVALIDATE_FENCE 1
 
 /**
- * An `ibv_cq` under management.
+ * An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
  *
- * Not thread-safe: a CQ and the queues on it are used from one thread at a time.
+ * Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
+ * and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
  */
 struct sqd_cq;
 
 /**
  * The managed send queue (and optionally receive queue) of one RC QP.
  *
- * Not thread-safe: used from the thread that uses its CQs. Dropping it detaches it from its CQs; call
- * [`Queue::check_free`] first, since WRs still outstanding would then complete as strays.
+ * Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
+ * (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
  */
 struct sqd_queue;
 
@@ -95,7 +96,9 @@ struct sqd_queue;
  * An `ibv_srq` under management.
  *
  * Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
- * completion is reaped on any managed CQ where a queue attached to it completes receives. Not thread-safe.
+ * completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by
+ * the thread that polls the CQs of its queues, which are never `SQD_CQ_THREAD_SAFE` ones (`sqd_queue_new`
+ * refuses an SRQ there).
  */
 struct sqd_srq;
 

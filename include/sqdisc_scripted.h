@@ -1,14 +1,14 @@
 #ifndef SQDISC_SCRIPTED_H
 #define SQDISC_SCRIPTED_H
 
-/* Generated from the Rust sources by `make header`; do not edit by hand. */
+/* Generated from the library's sources by `make header`; do not edit by hand. */
 
 #include <sqdisc.h>
 
 /**
  * A scripted verbs device: a real `struct ibv_context` and `struct ibv_pd`, and the CQs and QPs made on it.
  *
- * The context's ops callbacks find the device through a pointer to it, so it never moves (Rust: it is made
+ * The context's ops callbacks find the device through a pointer to it, so it never moves (it is made
  * pinned). Freeing it frees every object it made. Not thread-safe: one thread at a time per device.
  */
 struct sqd_scripted;

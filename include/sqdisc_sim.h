@@ -1,7 +1,7 @@
 #ifndef SQDISC_SIM_H
 #define SQDISC_SIM_H
 
-/* Generated from the Rust sources by `make header`; do not edit by hand. */
+/* Generated from the library's sources by `make header`; do not edit by hand. */
 
 #include <sqdisc.h>
 
@@ -107,12 +107,16 @@
  * A simulated HCA: a real `struct ibv_context` and `struct ibv_pd`, and the MRs, CQs and QPs made on it.
  *
  * The ops callbacks find the device through a pointer stored in the context, so it never moves (it is made
- * pinned). Dropping it frees every object it made. One thread at a time.
+ * pinned). Freeing it frees every object it made.
+ *
+ * Thread-safe: any number of threads may call into one sim at once (data-path ops, `sqd_sim_*` calls,
+ * stepping); each call holds the device-wide lock for its duration. Only `sqd_sim_free` and the
+ * `sqd_sim_destroy_*` calls must not race other calls on the objects they free.
  */
 struct sqd_sim;
 
 /**
- * How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from [`SimConfig::default`].
+ * How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from the defaults (`sqd_sim_config_default`).
  */
 struct sqd_sim_config {
     /**

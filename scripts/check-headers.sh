@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every public header compiles on its own, as strict C11 and as C++.
+# Every public header compiles on its own, as strict C11 and as C++, and speaks C only: the headers are
+# generated from Rust doc comments, and nothing of Rust (item paths, intra-doc links, Rust types) may leak into
+# what a C user reads.
 # usage: check-headers.sh INCLUDE_DIR
 set -euo pipefail
 
@@ -33,6 +35,34 @@ for h in "${headers[@]}"; do
         echo "PASS $name compiles as C++"
     else
         echo "FAIL $name does not compile as C++"; failed=1
+    fi
+done
+# Rust-only text: a path (`Queue::check_free`), an intra-doc link ([`Queue`]), a Rust type or keyword, or
+# the word itself. Each pattern with what it catches, for the message.
+rust_only=(
+    '::|an item path'
+    '\[`|an intra-doc link'
+    '\b(Option|Result|Box|Rc|Arc|Vec|RefCell|Cell|Pin|NonNull)<|a Rust generic type'
+    '&mut\b|&self\b|a Rust reference'
+    '\b(Self|impl|unsafe|None|Some\(|Ok\(|Err\()|a Rust keyword or variant'
+    '\bRust\b|the word Rust'
+)
+for h in "${headers[@]}"; do
+    name=$(basename "$h")
+    found=0
+    for entry in "${rust_only[@]}"; do
+        pattern=${entry%|*} what=${entry##*|}
+        if grep -nE -- "$pattern" "$h" > "$work/hits"; then
+            while IFS= read -r hit; do
+                echo "FAIL $name:${hit%%:*}: $what in a C header: ${hit#*:}"
+            done < "$work/hits"
+            found=1
+        fi
+    done
+    if [ $found -eq 0 ]; then
+        echo "PASS $name names nothing of Rust"
+    else
+        failed=1
     fi
 done
 exit $failed

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# The libraries export exactly the C API: the sqd_* functions that the public headers declare, nothing else.
-# usage: check-symbols.sh [--soname NAME] SHARED_LIB STATIC_LIB INCLUDE_DIR
+# The libraries export exactly the C API, every function under the version node the export map gives it.
+#
+# Three lists must agree, name for name: the functions the export map (src/capi/sqdisc.map) names, the
+# sqd_* functions the public headers declare, and the functions each library exports (the shared library's
+# dynamic symbols, the static archive's global ones). Then every dynamic symbol of the shared library must
+# carry its map node as its version: the node that names it last is its default version (name@@NODE), an
+# earlier node naming it too is an older version kept for binaries linked against it (name@NODE).
+# usage: check-symbols.sh [--soname NAME] [--map MAP] SHARED_LIB STATIC_LIB INCLUDE_DIR
 set -euo pipefail
 
 soname=
-if [ "${1:-}" = --soname ]; then soname=$2; shift 2; fi
+map="$(cd "$(dirname "$0")/.." && pwd)/src/capi/sqdisc.map"
+while [ $# -gt 3 ]; do
+    case $1 in
+        --soname) soname=$2; shift 2 ;;
+        --map) map=$2; shift 2 ;;
+        *) echo "usage: $0 [--soname NAME] [--map MAP] SHARED_LIB STATIC_LIB INCLUDE_DIR" >&2; exit 2 ;;
+    esac
+done
 so=$1 archive=$2 incdir=$3
 CC=${CC:-cc}
 NM=${NM:-nm}
@@ -13,6 +26,41 @@ trap 'rm -rf "$work"' EXIT
 failed=0
 fail() { echo "FAIL $*"; failed=1; }
 
+# ---- the export map: one "name node" line per global entry, in file order ----------------------------------
+# Comments go first; then each `NODE {` opens a node, `global:`/`local:` switch sections, `} [PARENT];` closes.
+sed -e ':a' -e '/\/\*/{ /\*\//!{ N; ba' -e '}; }' -e 's|/\*.*\*/||g' "$map" | tr ';' '\n' | awk -v map="$map" '
+    { gsub(/^[ \t]+|[ \t]+$/, "") }
+    $0 == "" { next }
+    /^[A-Za-z0-9_.]+[ \t]*\{$/ { sub(/[ \t]*\{$/, ""); node = $0; section = "global"; nodes[++n] = node; next }
+    /^}/ { node = ""; next }
+    /^global:/ { section = "global"; sub(/^global:[ \t]*/, "") }
+    /^local:/ { section = "local"; sub(/^local:[ \t]*/, "") }
+    $0 == "" { next }
+    node == "" { print "ERROR text outside a version node: " $0; next }
+    section == "global" { print $0, node }
+    section == "local" && $0 != "*" { print "ERROR a local entry other than *: " $0 " in " node }
+    END { if (n == 0) print "ERROR no version node in " map }
+' > "$work/map-entries"
+if grep '^ERROR ' "$work/map-entries" | sed "s|^ERROR |FAIL $map: |"; then failed=1; fi
+grep -v '^ERROR ' "$work/map-entries" > "$work/map-lines" || true
+# A pattern would make any future function of that name ABI without anyone deciding it.
+awk '$1 ~ /[][*?]/ { print $1 " (in " $2 ")" }' "$work/map-lines" | while read -r entry; do
+    echo "FAIL $map: a pattern, not a name: $entry (name each exported function)"
+done > "$work/map-bad"
+if [ -s "$work/map-bad" ]; then cat "$work/map-bad"; failed=1; fi
+# The same name twice in one node is a typo.
+sort "$work/map-lines" | uniq -d | while read -r name node; do
+    echo "FAIL $map: $name is listed twice in $node"
+done > "$work/map-dup"
+if [ -s "$work/map-dup" ]; then cat "$work/map-dup"; failed=1; fi
+awk '{ print $1 }' "$work/map-lines" | sort -u > "$work/map"
+# What each exported name's dynamic symbols must be: name@@NODE for the last node naming it, name@NODE for
+# the earlier ones.
+awk '{ last[$1] = $2; all[$1] = all[$1] " " $2 }
+     END { for (s in all) { k = split(all[s], v, " "); for (i = 1; i <= k; i++)
+               print s (v[i] == last[s] ? "@@" : "@") v[i] } }' "$work/map-lines" | sort -u > "$work/map-versions"
+
+# ---- the headers -----------------------------------------------------------------------------------------
 # Functions the headers declare: the preprocessed text (comments gone) has `sqd_name(` for each
 # declaration; pointer typedefs read `(*sqd_name)(` and do not match.
 verbs_cflags=$(pkg-config --cflags libibverbs 2>/dev/null || true)
@@ -27,37 +75,58 @@ if [ ! -s "$work/header" ]; then
     fail "no sqd_* function declared in $incdir/*.h"
 fi
 
-# The shared library: every dynamic symbol it defines must be an sqd_* function (the version node
-# SQDISC_* that the export map creates is an absolute symbol, not code).
+# ---- the shared library ----------------------------------------------------------------------------------
+# Every dynamic symbol it defines must be a function of the map (the version nodes themselves are absolute
+# symbols, not code).
 : > "$work/so"
+: > "$work/so-versions"
 while read -r _addr type name; do
-    name=${name%%@*}
-    if [ "$type" = A ] && [[ $name == SQDISC_* ]]; then continue; fi
-    if [[ $name == sqd_* ]] && [ "$type" = T ]; then
-        echo "$name" >> "$work/so"
+    base=${name%%@*}
+    if [ "$type" = A ] && grep -qx -- "$base" <(awk '{ print $2 }' "$work/map-lines"); then continue; fi
+    if [ "$type" = T ] && [[ $base == sqd_* ]]; then
+        echo "$base" >> "$work/so"
+        echo "$name" >> "$work/so-versions"
     else
-        fail "$so exports $name (type $type): only sqd_* functions may leave the library"
+        fail "$so exports $name (type $type): only the map's sqd_* functions may leave the library"
     fi
-done < <("$NM" -D --defined-only "$so")
+done < <("$NM" -D --defined-only --with-symbol-versions "$so")
 sort -u -o "$work/so" "$work/so"
+sort -u -o "$work/so-versions" "$work/so-versions"
+# Unversioned exports (no @ at all) mean the map was not applied.
+{ grep -v '@' "$work/so-versions" || true; } | while read -r name; do
+    echo "FAIL $so exports $name without a version: was it linked with --version-script=src/capi/sqdisc.map?"
+done > "$work/so-unversioned"
+if [ -s "$work/so-unversioned" ]; then cat "$work/so-unversioned"; failed=1; fi
 
-# The static library: no global definition outside sqd_*, so a C program linking it sees nothing of Rust's.
+# ---- the static library ----------------------------------------------------------------------------------
+# No global definition outside the map's functions, so a C program linking it sees nothing of Rust's.
 "$NM" -g --defined-only "$archive" | awk 'NF == 3 { print $2, $3 }' > "$work/a-all"
-awk '$2 !~ /^sqd_/' "$work/a-all" | while read -r type name; do
-    echo "FAIL $archive defines the global symbol $name (type $type): only sqd_* may be global"
+awk '$2 !~ /^sqd_[A-Za-z0-9_]+$/' "$work/a-all" | while read -r type name; do
+    echo "FAIL $archive defines the global symbol $name (type $type): only the map's sqd_* functions may be global"
 done > "$work/a-bad"
 if [ -s "$work/a-bad" ]; then cat "$work/a-bad"; failed=1; fi
-awk '$1 == "T" && $2 ~ /^sqd_/ { print $2 }' "$work/a-all" | sort -u > "$work/a"
+awk '$1 == "T" && $2 ~ /^sqd_[A-Za-z0-9_]+$/ { print $2 }' "$work/a-all" | sort -u > "$work/a"
 
-compare() { # name-of-library file
-    local extra missing
-    extra=$(comm -13 "$work/header" "$2" | tr '\n' ' ')
-    missing=$(comm -23 "$work/header" "$2" | tr '\n' ' ')
-    [ -z "$extra" ] || fail "$1 exports functions no header declares: $extra(add them to the C API and run \`make header\`)"
-    [ -z "$missing" ] || fail "$1 lacks functions the headers declare: $missing"
+# ---- the comparisons -------------------------------------------------------------------------------------
+differ() { # description-of-A file-A description-of-B file-B
+    local only
+    only=$(comm -23 "$2" "$4" | tr '\n' ' ')
+    [ -z "$only" ] || fail "in $1 but not in $3: $only"
 }
-compare "$so" "$work/so"
-compare "$archive" "$work/a"
+differ "the map" "$work/map" "the headers" "$work/header"
+differ "the headers" "$work/header" "the map" "$work/map"
+for lib in so a; do
+    name=$so
+    [ $lib = a ] && name=$archive
+    differ "the map" "$work/map" "$name's exports" "$work/$lib"
+    differ "$name's exports" "$work/$lib" "the map" "$work/map"
+done
+if [ -s "$work/so-versions" ]; then
+    only=$(comm -23 "$work/map-versions" "$work/so-versions" | tr '\n' ' ')
+    [ -z "$only" ] || fail "$so lacks these versioned symbols the map defines: $only"
+    only=$(comm -13 "$work/map-versions" "$work/so-versions" | tr '\n' ' ')
+    [ -z "$only" ] || fail "$so exports these symbols under a version the map does not give them: $only"
+fi
 
 if [ -n "$soname" ]; then
     actual=$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
@@ -65,6 +134,8 @@ if [ -n "$soname" ]; then
 fi
 
 if [ $failed -eq 0 ]; then
-    echo "PASS exported symbols of $so and $archive: $(wc -l < "$work/header") sqd_* functions, as declared in $incdir"
+    nodes=$(awk '{ print $2 }' "$work/map-lines" | awk '!seen[$0]++' | tr '\n' ' ')
+    echo "PASS exported symbols of $so and $archive: $(wc -l < "$work/header") sqd_* functions, as declared in" \
+        "$incdir and named in $map, each under its version node (${nodes% })"
 fi
 exit $failed

@@ -97,13 +97,16 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
-/// An `ibv_cq` under management.
+/// An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
 ///
-/// Not thread-safe: a CQ and the queues on it are used from one thread at a time.
+/// Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
+/// and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
 pub struct Cq {
     pub(crate) shared: Rc<CqShared>,
 }
 
+/// In Rust a `Cq` is neither `Send` nor `Sync`: the thread-safe mode is the C API's, which takes the CQ's lock
+/// around every call.
 impl Cq {
     /// Takes a CQ under management. Its capacity is the `cqe` the provider granted.
     pub fn new(handle: CqHandle) -> Cq {

@@ -9,6 +9,13 @@
 //! objects (through the `struct ibv_context` ops table); [`Cq`] and [`Queue`] join the two into the public Rust
 //! API; `capi` is the C ABI, a thin client of that API. [`scripted`] is a scripted verbs device for tests.
 
+// Every unsafe operation sits in its own `unsafe` block with a `// SAFETY:` comment, also inside an `unsafe fn`;
+// a lost error or a discarded `Result` is a bug. src/discipline forbids `unsafe` outright.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unused_must_use)]
+#![deny(rust_2018_idioms)]
+
 mod alloc;
 mod completion;
 mod cq;

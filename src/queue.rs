@@ -297,8 +297,8 @@ impl QueueStorage {
 
 /// The managed send queue (and optionally receive queue) of one RC QP.
 ///
-/// Not thread-safe: used from the thread that uses its CQs. Dropping it detaches it from its CQs; call
-/// [`Queue::check_free`] first, since WRs still outstanding would then complete as strays.
+/// Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
+/// (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
 }
@@ -317,6 +317,8 @@ pub struct RecvPostError<'a> {
     pub bad: RecvWrPtr<'a>,
 }
 
+/// Dropping a queue detaches it from its CQs whatever is outstanding: call [`Queue::check_free`] first, as
+/// `sqd_queue_free` does. Like [`Cq`], a `Queue` is neither `Send` nor `Sync`.
 impl Queue {
     /// Puts `qp` under management: its sends complete on `send_cq`, its receives (if `config.rq_depth > 0`) on
     /// `recv_cq`. Reserves the queue's worst case on the CQ(s): `ENOSPC` if it does not fit.

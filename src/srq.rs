@@ -76,7 +76,9 @@ pub(crate) struct SrqShared {
 /// An `ibv_srq` under management.
 ///
 /// Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
-/// completion is reaped on any managed CQ where a queue attached to it completes receives. Not thread-safe.
+/// completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by
+/// the thread that polls the CQs of its queues, which are never `SQD_CQ_THREAD_SAFE` ones (`sqd_queue_new`
+/// refuses an SRQ there).
 pub struct Srq {
     pub(crate) shared: Rc<SrqShared>,
 }

@@ -163,7 +163,8 @@ unsafe fn fake_dereg(mr: *mut rdma_sys::ibv_mr) -> i32 {
 fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     let rig = Rig::new(config(16, 2, 0), 64);
     let ctx = rig.dev.context();
-    register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None });
+    // SAFETY: `fake_dereg` only records the key; the test's MR is no provider object.
+    unsafe { register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None }) };
     // SAFETY: all-zero is a valid `ibv_mr`.
     let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
     mr.context = ctx;
@@ -178,7 +179,8 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
         rig.poll_all();
     }
     assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![100], "exactly once");
-    sqdisc::verbs::control::unregister_device(ctx);
+    // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
+    unsafe { sqdisc::verbs::control::unregister_device(ctx) };
     // A memory window whose provider cannot deallocate it: the failure is counted, not lost.
     // SAFETY: all-zero is a valid `ibv_mw`.
     let mut mw: rdma_sys::ibv_mw = unsafe { std::mem::zeroed() };
@@ -192,7 +194,8 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
 fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
     let rig = Rig::new(config(16, 2, 0), 64);
     let ctx = rig.dev.context();
-    register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None });
+    // SAFETY: `fake_dereg` only records the key; the test's MR is no provider object.
+    unsafe { register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None }) };
     // SAFETY: all-zero is a valid `ibv_mr`.
     let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
     mr.context = ctx;
@@ -212,7 +215,8 @@ fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
     // A new MR with the same key (devices reuse keys) can be tracked.
     rig.q().track_mr(200).unwrap();
     rig.q().untrack_mr(201).unwrap();
-    sqdisc::verbs::control::unregister_device(ctx);
+    // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
+    unsafe { sqdisc::verbs::control::unregister_device(ctx) };
 }
 
 #[test]

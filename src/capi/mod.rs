@@ -9,6 +9,7 @@ use std::ffi::{c_char, CString};
 
 use crate::error::Error;
 
+pub mod compat;
 pub mod cq;
 pub mod error;
 pub mod queue;

@@ -7,6 +7,8 @@
 //! arithmetic, [`token`] packs a queue index, a direction and a sequence number into a 64-bit wr_id, and
 //! [`late`] bounds the completions that may still arrive for WRs already released.
 
+#![forbid(unsafe_code)]
+
 pub mod backlog;
 pub mod budget;
 pub mod check;

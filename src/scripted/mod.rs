@@ -256,7 +256,7 @@ struct ContextObj {
 
 /// A scripted verbs device: a real `struct ibv_context` and `struct ibv_pd`, and the CQs and QPs made on it.
 ///
-/// The context's ops callbacks find the device through a pointer to it, so it never moves (Rust: it is made
+/// The context's ops callbacks find the device through a pointer to it, so it never moves (it is made
 /// pinned). Freeing it frees every object it made. Not thread-safe: one thread at a time per device.
 pub struct ScriptedDevice {
     ctx: *mut ContextObj,
@@ -297,10 +297,14 @@ impl ScriptedDevice {
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
-        crate::verbs::control::register_device(
-            ctx.cast(),
-            crate::verbs::control::DeviceOps { dereg_mr: dereg_for_library, create_srq: None, destroy_srq: None },
-        );
+        // SAFETY: `dereg_for_library` deregisters this device's MRs as `ibv_dereg_mr` would (it finds the device
+        // by the MR's address and refuses MRs it does not know).
+        unsafe {
+            crate::verbs::control::register_device(
+                ctx.cast(),
+                crate::verbs::control::DeviceOps { dereg_mr: dereg_for_library, create_srq: None, destroy_srq: None },
+            )
+        };
         device
     }
 
@@ -581,7 +585,8 @@ impl Scriptable for ScriptedDevice {
 
 impl Drop for ScriptedDevice {
     fn drop(&mut self) {
-        crate::verbs::control::unregister_device(self.context());
+        // SAFETY: the device is going: none of its objects is torn down after this.
+        unsafe { crate::verbs::control::unregister_device(self.context()) };
         {
             let mut live = live_mrs();
             for mr in self.model.get_mut().mr_keys() {

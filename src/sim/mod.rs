@@ -126,7 +126,7 @@ pub fn violation_kind_str(kind: u32) -> &'static str {
     }
 }
 
-/// How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from [`SimConfig::default`].
+/// How a simulated HCA behaves (`struct sqd_sim_config` in C). Start from the defaults (`sqd_sim_config_default`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimConfig {
@@ -307,7 +307,11 @@ struct ContextObj {
 /// A simulated HCA: a real `struct ibv_context` and `struct ibv_pd`, and the MRs, CQs and QPs made on it.
 ///
 /// The ops callbacks find the device through a pointer stored in the context, so it never moves (it is made
-/// pinned). Dropping it frees every object it made. One thread at a time.
+/// pinned). Freeing it frees every object it made.
+///
+/// Thread-safe: any number of threads may call into one sim at once (data-path ops, `sqd_sim_*` calls,
+/// stepping); each call holds the device-wide lock for its duration. Only `sqd_sim_free` and the
+/// `sqd_sim_destroy_*` calls must not race other calls on the objects they free.
 pub struct SimDevice {
     ctx: *mut ContextObj,
     pd: *mut ibv_pd,
@@ -387,14 +391,18 @@ impl SimDevice {
         unsafe { (*ctx).device = &*device };
         // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
         // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead.
-        crate::verbs::control::register_device(
-            ctx.cast(),
-            crate::verbs::control::DeviceOps {
-                dereg_mr: dereg_for_library,
-                create_srq: Some(create_srq_for_library),
-                destroy_srq: Some(destroy_srq_for_library),
-            },
-        );
+        // SAFETY: the three functions do on this device's objects what the libibverbs calls would (each finds the
+        // device from the object and refuses objects of no live sim device).
+        unsafe {
+            crate::verbs::control::register_device(
+                ctx.cast(),
+                crate::verbs::control::DeviceOps {
+                    dereg_mr: dereg_for_library,
+                    create_srq: Some(create_srq_for_library),
+                    destroy_srq: Some(destroy_srq_for_library),
+                },
+            )
+        };
         Ok(device)
     }
 
@@ -865,7 +873,8 @@ unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
-        crate::verbs::control::unregister_device(self.context());
+        // SAFETY: the device is going: none of its objects is torn down after this.
+        unsafe { crate::verbs::control::unregister_device(self.context()) };
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every MR, QP and CQ referring to them was freed by `clear` above.

@@ -4,8 +4,9 @@ use std::ffi::c_void;
 
 use crate::completion::Completion;
 
-/// `sqd_release_fn` and its context.
-#[derive(Debug, Clone, Copy)]
+/// `sqd_release_fn` and its context. Neither copied nor called outside the library: the constructor's promise
+/// covers the calls the queue it is handed to makes, no others.
+#[derive(Debug)]
 pub struct ForeignRelease {
     f: unsafe extern "C" fn(*mut c_void, *const Completion),
     ctx: *mut c_void,
@@ -19,14 +20,15 @@ impl ForeignRelease {
         ForeignRelease { f, ctx }
     }
     #[inline]
-    pub fn call(&self, c: &Completion) {
+    pub(crate) fn call(&self, c: &Completion) {
         // SAFETY: the constructor's contract.
         unsafe { (self.f)(self.ctx, c) }
     }
 }
 
-/// A deferred C function and its context.
-#[derive(Debug, Clone, Copy)]
+/// A deferred C function and its context. Neither copied nor called outside the library, so it runs at most
+/// once, when the queue it is handed to reaches it.
+#[derive(Debug)]
 pub struct ForeignDeferred {
     f: unsafe extern "C" fn(*mut c_void),
     ctx: *mut c_void,
@@ -38,7 +40,7 @@ impl ForeignDeferred {
     pub unsafe fn new(f: unsafe extern "C" fn(*mut c_void), ctx: *mut c_void) -> ForeignDeferred {
         ForeignDeferred { f, ctx }
     }
-    pub fn call(self) {
+    pub(crate) fn call(self) {
         // SAFETY: the constructor's contract.
         unsafe { (self.f)(self.ctx) }
     }

@@ -33,13 +33,22 @@ fn device_ops(ctx: *mut ibv_context) -> Option<DeviceOps> {
 }
 
 /// Makes `ops` the control path of objects whose `context` is `ctx` (until `unregister_device`).
-pub fn register_device(ctx: *mut ibv_context, ops: DeviceOps) {
+///
+/// # Safety
+/// Each function of `ops` keeps the contract of the libibverbs call it stands for on every object of `ctx`:
+/// the library calls them with no other promise than that call's own.
+pub unsafe fn register_device(ctx: *mut ibv_context, ops: DeviceOps) {
     let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     d.retain(|(c, _)| *c != ctx as usize);
     d.push((ctx as usize, ops));
 }
 
-pub fn unregister_device(ctx: *mut ibv_context) {
+/// Ends `register_device(ctx, ..)`: objects of `ctx` go to libibverbs' own calls from now on.
+///
+/// # Safety
+/// Those calls work on `ctx`'s objects (its provider implements them), or the library tears none of them down
+/// after this: a software device's objects handed to `ibv_dereg_mr` or `ibv_destroy_srq` are undefined behaviour.
+pub unsafe fn unregister_device(ctx: *mut ibv_context) {
     DEVICES.lock().unwrap_or_else(|e| e.into_inner()).retain(|(c, _)| *c != ctx as usize);
 }
 
@@ -113,8 +122,33 @@ pub unsafe fn dealloc_mw(mw: *mut ibv_mw) -> i32 {
 }
 
 /// An MR or MW handed to the library to be released later: the unsafe promise is made once, at creation.
+///
+/// Only [`Teardown::dereg_mr`] and [`Teardown::dealloc_mw`] make one, and both are `unsafe`: a teardown frees
+/// what it names, so safe code must not be able to name memory it does not own. Only the library runs it,
+/// once the completions its queue is waiting for have arrived.
+///
+/// ```compile_fail,E0599
+/// // What safe code could write before: wrap any pointer and free it. There is no public variant to wrap it in.
+/// sqdisc::verbs::control::Teardown::DeregMr(std::ptr::NonNull::dangling().as_ptr()).run();
+/// ```
+///
+/// ```compile_fail,E0624
+/// // Running one is the library's business: not even a teardown made with the unsafe promise can be run by
+/// // its maker instead of the queue.
+/// # let mr: *mut rdma_sys::ibv_mr = std::ptr::null_mut();
+/// let t = unsafe { sqdisc::verbs::control::Teardown::dereg_mr(mr) };
+/// t.run();
+/// ```
+///
+/// ```compile_fail,E0133
+/// // The constructors are `unsafe`: without the promise there is no teardown.
+/// let t = sqdisc::verbs::control::Teardown::dereg_mr(std::ptr::NonNull::dangling().as_ptr());
+/// ```
 #[derive(Debug)]
-pub enum Teardown {
+pub struct Teardown(Target);
+
+#[derive(Debug)]
+enum Target {
     DeregMr(*mut ibv_mr),
     DeallocMw(*mut ibv_mw),
 }
@@ -123,20 +157,20 @@ impl Teardown {
     /// # Safety
     /// `mr` is a valid MR, deregistered by nothing else, valid until this teardown runs.
     pub unsafe fn dereg_mr(mr: *mut ibv_mr) -> Teardown {
-        Teardown::DeregMr(mr)
+        Teardown(Target::DeregMr(mr))
     }
     /// # Safety
     /// `mw` is a valid MW, deallocated by nothing else, valid until this teardown runs.
     pub unsafe fn dealloc_mw(mw: *mut ibv_mw) -> Teardown {
-        Teardown::DeallocMw(mw)
+        Teardown(Target::DeallocMw(mw))
     }
     /// Runs it; 0 or a positive errno.
-    pub fn run(self) -> i32 {
-        match self {
+    pub(crate) fn run(self) -> i32 {
+        match self.0 {
             // SAFETY: the constructor's promise.
-            Teardown::DeregMr(mr) => unsafe { dereg_mr(mr) },
+            Target::DeregMr(mr) => unsafe { dereg_mr(mr) },
             // SAFETY: the constructor's promise.
-            Teardown::DeallocMw(mw) => unsafe { dealloc_mw(mw) },
+            Target::DeallocMw(mw) => unsafe { dealloc_mw(mw) },
         }
     }
 }
