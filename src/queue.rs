@@ -6,7 +6,7 @@ use std::rc::Rc;
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
-use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, Limits};
+use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
@@ -749,17 +749,20 @@ impl QueueShared {
         while let Some(w) = cur {
             let next = w.next();
             let shape = w.shape();
-            let checked = check_shape(&shape, &self.limits).and_then(|op| {
-                if shape.send_flags & SEND_INLINE != 0 {
-                    check_inline(w.total_len(), &self.limits)?;
-                }
-                if is_atomic(shape.opcode) {
-                    check_atomic(w.total_len(), w.atomic_remote_addr())?;
-                } else if shape.opcode == WR_BIND_MW {
-                    check_bind_mw(w.bind_mw_is_null())?;
-                }
-                Ok(op)
-            });
+            let checked = match plain_wc_opcode(&shape, &self.limits) {
+                Some(op) => Ok(op),
+                None => check_shape(&shape, &self.limits).and_then(|op| {
+                    if shape.send_flags & SEND_INLINE != 0 {
+                        check_inline(w.total_len(), &self.limits)?;
+                    }
+                    if is_atomic(shape.opcode) {
+                        check_atomic(w.total_len(), w.atomic_remote_addr())?;
+                    } else if shape.opcode == WR_BIND_MW {
+                        check_bind_mw(w.bind_mw_is_null())?;
+                    }
+                    Ok(op)
+                }),
+            };
             let op = match checked {
                 Ok(op) => op,
                 Err(e) => {
