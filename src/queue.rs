@@ -795,7 +795,8 @@ impl QueueShared {
                     if note {
                         st.note_accepted(w, shape.send_flags);
                     }
-                    if run_first.is_none() {
+                    // `run_first` is set exactly while `run_len > 0`; the count is the cheaper test.
+                    if run_len == 0 {
                         run_first = Some(w);
                         run_seq = seq;
                     }
