@@ -480,6 +480,7 @@ impl CqShared {
     ///
     /// One pass in place under the CQ's borrow: neither `check_idle_tail` nor the marker it may post comes
     /// back to this CQ (a marker only calls the provider, which never calls out), and no callback runs here.
+    #[inline]
     fn cover_idle_tails(&self, now: bool) {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
@@ -503,7 +504,9 @@ impl CqShared {
                 _ => false,
             };
             if keep {
-                st.watch[kept] = index;
+                if kept != i {
+                    st.watch[kept] = index;
+                }
                 kept += 1;
             }
         }

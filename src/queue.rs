@@ -6,7 +6,7 @@ use std::rc::Rc;
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared, IdleCheck};
 use crate::discipline::budget::reservation;
-use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, Limits};
+use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
@@ -230,6 +230,9 @@ pub(crate) struct QueueShared {
     /// The queue is in its send CQ's watch list.
     watched: Cell<bool>,
     releasing: Cell<bool>,
+    /// The queue verifies buffers (`QueueState::verify` is set): fixed at creation, so that the release loop
+    /// is chosen once per call and the loop without the verifier tests nothing of it per release.
+    verifying: bool,
     release: Option<ReleaseHandler>,
     srq: Option<Rc<SrqShared>>,
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
@@ -465,7 +468,9 @@ impl Queue {
             srq.shared.queues.set(srq.shared.queues.get() + 1);
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
+        let verify = storage.verify;
         let shared = Rc::new(QueueShared {
+            verifying: verify.is_some(),
             qp,
             limits,
             send_cq: send_cq.shared.clone(),
@@ -483,7 +488,7 @@ impl Queue {
                 free_ops: Vec::new(),
                 tracked: Vec::new(),
                 teardown_failures: 0,
-                verify: storage.verify,
+                verify,
                 verify_mismatches: 0,
                 doorbells: 0,
                 last_refusal: None,
@@ -755,21 +760,24 @@ impl QueueShared {
         // Decided once per call: nothing below changes them but this loop's own posts (one credit each) and
         // parks (after which `credits` is 0 and every WR goes through `admit`).
         let mut credits = st.send.postable();
-        let note = !st.tracked.is_empty() || st.verify.is_some();
+        let note = self.verifying || !st.tracked.is_empty();
         while let Some(w) = cur {
             let next = w.next();
             let shape = w.shape();
-            let checked = check_shape(&shape, &self.limits).and_then(|op| {
-                if shape.send_flags & SEND_INLINE != 0 {
-                    check_inline(w.total_len(), &self.limits)?;
-                }
-                if is_atomic(shape.opcode) {
-                    check_atomic(w.total_len(), w.atomic_remote_addr())?;
-                } else if shape.opcode == WR_BIND_MW {
-                    check_bind_mw(w.bind_mw_is_null())?;
-                }
-                Ok(op)
-            });
+            let checked = match plain_wc_opcode(&shape, &self.limits) {
+                Some(op) => Ok(op),
+                None => check_shape(&shape, &self.limits).and_then(|op| {
+                    if shape.send_flags & SEND_INLINE != 0 {
+                        check_inline(w.total_len(), &self.limits)?;
+                    }
+                    if is_atomic(shape.opcode) {
+                        check_atomic(w.total_len(), w.atomic_remote_addr())?;
+                    } else if shape.opcode == WR_BIND_MW {
+                        check_bind_mw(w.bind_mw_is_null())?;
+                    }
+                    Ok(op)
+                }),
+            };
             let op = match checked {
                 Ok(op) => op,
                 Err(e) => {
@@ -797,7 +805,8 @@ impl QueueShared {
                     if note {
                         st.note_accepted(w, shape.send_flags);
                     }
-                    if run_first.is_none() {
+                    // `run_first` is set exactly while `run_len > 0`; the count is the cheaper test.
+                    if run_len == 0 {
                         run_first = Some(w);
                         run_seq = seq;
                     }
@@ -997,18 +1006,28 @@ impl QueueShared {
             return;
         }
         let _guard = ClearOnDrop(&self.releasing);
-        // The queue's release handler is fixed for its life: decide its kind once, not per release.
+        if self.verifying {
+            self.run_release_loop::<true>();
+        } else {
+            self.run_release_loop::<false>();
+        }
+    }
+
+    /// `release_loop` with the queue's release handler. The handler and `VERIFY` (`self.verifying`) are fixed
+    /// for the queue's life: decided once per call, not per release.
+    #[inline(always)]
+    fn run_release_loop<const VERIFY: bool>(&self) {
         match &self.release {
-            Some(ReleaseHandler::Foreign(f)) => self.release_loop(|c| f.call(c)),
-            Some(ReleaseHandler::Closure(f)) => self.release_loop(|c| f(c)),
-            None => self.release_loop(|_| {}),
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY>(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY>(|c| f(c)),
+            None => self.release_loop::<VERIFY>(|_| {}),
         }
     }
 
     /// The loop of `run_releases`, with the queue's release handler as `release`. Each step takes the state
     /// borrow once and drops it before any callback runs (callbacks may post, defer or poll again).
     #[inline(always)]
-    fn release_loop(&self, release: impl Fn(&Completion)) {
+    fn release_loop<const VERIFY: bool>(&self, release: impl Fn(&Completion)) {
         enum Item {
             /// A release of the ULP's WR: the completion is in `c`.
             Release,
@@ -1031,7 +1050,7 @@ impl QueueShared {
                         c = oc;
                         Item::OpDone(done)
                     } else {
-                        if let Some(v) = st.verify.as_ref() {
+                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
                             let k = st.send.released() - 1;
                             if let Some(sge) = v.check(k) {
                                 c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
@@ -1049,7 +1068,7 @@ impl QueueShared {
                         c = oc;
                         Item::OpDone(done)
                     } else {
-                        if let Some(v) = st.verify.as_ref() {
+                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
                             let k = st.send.released() - 1;
                             if let Some(sge) = v.check(k) {
                                 c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;

@@ -1,6 +1,8 @@
 //! Validation of a send WR against the queue's limits, before anything is posted or parked.
 
-use super::opcode::{allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD};
+use super::opcode::{
+    allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD, WR_BIND_MW,
+};
 use crate::error::{Error, Result};
 
 /// The fields of a WR the checks need.
@@ -43,6 +45,42 @@ pub fn check_shape(w: &WrShape, lim: &Limits) -> Result<u8> {
         return Err(Error::invalid(format!("IBV_SEND_INLINE is not valid with WR opcode {}", w.opcode)));
     }
     Ok(op)
+}
+
+/// The flags a plain WR may carry: `SEND_FLAGS_RC` without INLINE (whose length needs the SGE list).
+const PLAIN_FLAGS: u32 = SEND_FLAGS_RC & !SEND_INLINE;
+/// Marks an opcode that `plain_wc_opcode` leaves to the full checks.
+const NOT_PLAIN: u8 = u8::MAX;
+/// The work-completion opcode of each `ibv_wr_opcode` below 16 that needs no check beyond the shape's, else
+/// `NOT_PLAIN`: atomics and BIND_MW have checks of their own, other values are errors.
+const PLAIN_WC_OPCODE: [u8; 16] = {
+    let mut t = [NOT_PLAIN; 16];
+    let mut i = 0;
+    while i < 16 {
+        if !matches!(i as u32, WR_ATOMIC_CMP_AND_SWP | WR_ATOMIC_FETCH_AND_ADD | WR_BIND_MW) {
+            if let Some(op) = wc_opcode(i as u32) {
+                t[i] = op;
+            }
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The work-completion opcode of a WR that passes every check with nothing more to test: a valid non-atomic,
+/// non-BIND_MW opcode, RC flags without INLINE, `num_sge` in `0..=max_send_sge` and a list when it has SGEs.
+/// `None` means only that the full checks (`check_shape` and the rest) must decide. One test for the common
+/// WR, so that the checks cost little per WR on the post path.
+#[inline]
+pub fn plain_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
+    let op = *PLAIN_WC_OPCODE.get(w.opcode as usize)?;
+    // `num_sge as u32` makes a negative count huge, so one comparison bounds it on both sides.
+    let bad = (w.send_flags & !PLAIN_FLAGS != 0) | (w.num_sge as u32 > lim.max_send_sge) | (w.num_sge != 0 && w.sg_list_null) | (op == NOT_PLAIN);
+    if bad {
+        None
+    } else {
+        Some(op)
+    }
 }
 
 /// Whether the opcode is an atomic (its WR needs `check_atomic`).
@@ -118,5 +156,27 @@ mod tests {
         assert!(is_atomic(WR_ATOMIC_FETCH_AND_ADD) && is_atomic(WR_ATOMIC_CMP_AND_SWP) && !is_atomic(WR_RDMA_READ));
         assert!(check_bind_mw(true).is_err() && check_bind_mw(false).is_ok());
         assert!(check_inline(64, &LIM).is_ok());
+    }
+
+    /// The fast test accepts exactly what the full checks accept with nothing more to test, with the same
+    /// opcode, over every opcode, every flag combination and the edges of num_sge and sg_list.
+    #[test]
+    fn plain_wc_opcode_agrees_with_the_full_checks() {
+        let mut plain = 0;
+        for opcode in 0..20u32 {
+            for send_flags in (0..32u32).chain([0x100, 0x8000_0000]) {
+                for num_sge in [-1, 0, 1, 2, 3, i32::MIN, i32::MAX] {
+                    for sg_list_null in [false, true] {
+                        let w = WrShape { opcode, send_flags, num_sge, sg_list_null };
+                        let full = check_shape(&w, &LIM).ok();
+                        let more = send_flags & SEND_INLINE != 0 || is_atomic(opcode) || opcode == WR_BIND_MW;
+                        let want = if more { None } else { full };
+                        assert_eq!(plain_wc_opcode(&w, &LIM), want, "{w:?}");
+                        plain += usize::from(want.is_some());
+                    }
+                }
+            }
+        }
+        assert!(plain > 0);
     }
 }

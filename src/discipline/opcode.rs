@@ -34,7 +34,7 @@ pub const WC_WR_FLUSH_ERR: u8 = 5;
 
 /// The work-completion opcode of a send opcode valid on RC, or `None` for anything else.
 #[inline]
-pub fn wc_opcode(wr_opcode: u32) -> Option<u8> {
+pub const fn wc_opcode(wr_opcode: u32) -> Option<u8> {
     Some(match wr_opcode {
         WR_RDMA_WRITE | WR_RDMA_WRITE_WITH_IMM => WC_RDMA_WRITE,
         WR_SEND | WR_SEND_WITH_IMM | WR_SEND_WITH_INV => WC_SEND,

@@ -90,10 +90,13 @@ impl SlotRing {
         self.head - self.done
     }
 
-    /// Appends a slot; the caller has checked credits.
+    /// Appends a slot; the caller has checked credits. The slot's `status` and `vendor_err` must be 0: a
+    /// pending slot holds a success until its completion says otherwise, so that `complete_through` need not
+    /// write the slots a CQE covers.
     #[inline]
     pub fn push(&mut self, slot: Slot) -> u64 {
         debug_assert!(self.outstanding() < self.slots.len() as u64);
+        debug_assert!(slot.status == 0 && slot.vendor_err == 0);
         let seq = self.head;
         self.slots[(seq & self.mask) as usize] = slot;
         self.head += 1;
@@ -122,16 +125,12 @@ impl SlotRing {
     }
 
     /// Marks every slot up to and including `seq` complete: `seq` with the CQE's status, earlier ones
-    /// (covered by it) successful.
+    /// (covered by it) successful. Those already say so: `push` stored them with status 0 and vendor error 0,
+    /// and nothing writes a pending slot's status but this and `complete_all`, which end its pendency.
     #[inline]
     pub fn complete_through(&mut self, seq: u64, status: u8, vendor_err: u32) {
         debug_assert!(self.is_pending(seq));
-        while self.done < seq {
-            let s = self.get_mut(self.done);
-            s.status = 0;
-            s.vendor_err = 0;
-            self.done += 1;
-        }
+        debug_assert!((self.done..seq).all(|k| self.get(k).status == 0 && self.get(k).vendor_err == 0));
         let s = self.get_mut(seq);
         s.status = status;
         s.vendor_err = vendor_err;
@@ -185,6 +184,21 @@ mod tests {
         assert_eq!((popped[0].1.status, popped[0].1.has(Slot::OWN_CQE)), (0, false));
         assert_eq!((popped[2].1.status, popped[2].1.vendor_err, popped[2].1.has(Slot::OWN_CQE)), (5, 9, true));
         assert!(r.is_pending(3) && !r.is_pending(2) && !r.is_pending(4));
+    }
+
+    #[test]
+    fn a_reused_slot_is_covered_as_a_success() {
+        let mut r = SlotRing::new(2, "test").unwrap();
+        for _ in 0..2 {
+            let seq = r.push(Slot::default());
+            r.complete_through(seq, 5, 9);
+            assert_eq!(r.pop_done().unwrap().1.status, 5);
+        }
+        let a = r.push(Slot { wr_id: 1, ..Slot::default() });
+        let b = r.push(Slot { wr_id: 2, ..Slot::default() });
+        r.complete_through(b, 0, 0);
+        let (seq, covered) = r.pop_done().unwrap();
+        assert_eq!((seq, covered.wr_id, covered.status, covered.vendor_err, covered.has(Slot::OWN_CQE)), (a, 1, 0, 0, false));
     }
 
     #[test]
