@@ -99,6 +99,29 @@ deps-build:
 
 # ---- release build ---------------------------------------------------------------------------------------
 
+# $(call native_static_libs,LOG,OUT,DROP): the native libraries of rustc's `native-static-libs` note in
+# $(BUILD)/LOG (cargo replays it when nothing was rebuilt), less the -l options in DROP (those the .pc file
+# requires), written to $(BUILD)/OUT only when they changed, so that nothing depending on OUT is redone.
+define native_static_libs
+	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/$(1) | tail -n 1); \
+	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
+	libs=$$(printf '%s\n' $$libs | grep -vx $(foreach l,$(3),-e '$(l)') | tr '\n' ' ' | sed 's/ *$$//'); \
+	printf '%s\n' "$$libs" > $(BUILD)/$(2).new; \
+	cmp -s $(BUILD)/$(2).new $(BUILD)/$(2) 2>/dev/null \
+		&& rm $(BUILD)/$(2).new || mv $(BUILD)/$(2).new $(BUILD)/$(2)
+endef
+
+# $(call pkgconfig_file,VERSION[,LIBS]): the .pc file $@ from its template $<, with the install directories,
+# VERSION and, given LIBS (a file in $(BUILD) that native_static_libs wrote), Libs.private.
+define pkgconfig_file
+	@mkdir -p $(@D)
+	sed -e 's|@PREFIX@|$(PREFIX)|' \
+	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	    -e 's|@VERSION@|$(1)|' \
+	    $(if $(2),-e "s|@LIBS_PRIVATE@|$$(cat $(BUILD)/$(2))|") $< > $@
+endef
+
 # One cargo invocation builds the crate's static library, and only that: rustc's own link of a cdylib would
 # fail on the symbol versions that --cfg sqdisc_symbol_versions assembles (src/capi/compat.rs), having no
 # node for them. rustc's note on the native libraries a static link needs (replayed by cargo when nothing was
@@ -107,12 +130,7 @@ cargo-release:
 	@mkdir -p $(BUILD)
 	$(CARGO) rustc --release --lib --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
 		| tee $(BUILD)/cargo-release.log
-	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/cargo-release.log | tail -n 1); \
-	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
-	libs=$$(printf '%s\n' $$libs | grep -vx -- '-libverbs' | tr '\n' ' ' | sed 's/ *$$//'); \
-	printf '%s\n' "$$libs" > $(BUILD)/native-static-libs.new; \
-	cmp -s $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs 2>/dev/null \
-		&& rm $(BUILD)/native-static-libs.new || mv $(BUILD)/native-static-libs.new $(BUILD)/native-static-libs
+	$(call native_static_libs,cargo-release.log,native-static-libs,-libverbs)
 
 # Both libraries come from cargo's staticlib, which carries the whole Rust standard library with global
 # symbols, linked into one object without the embedded LLVM bitcode (other toolchains' linker plugins choke
@@ -160,12 +178,7 @@ spdk-cargo-release:
 	@mkdir -p $(BUILD)
 	$(CARGO) rustc -p sqdisc-spdk --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
 		| tee $(BUILD)/spdk-cargo-release.log
-	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/spdk-cargo-release.log | tail -n 1); \
-	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
-	libs=$$(printf '%s\n' $$libs | grep -vx -e '-libverbs' -e '-lrdmacm' | tr '\n' ' ' | sed 's/ *$$//'); \
-	printf '%s\n' "$$libs" > $(BUILD)/spdk-native-static-libs.new; \
-	cmp -s $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs 2>/dev/null \
-		&& rm $(BUILD)/spdk-native-static-libs.new || mv $(BUILD)/spdk-native-static-libs.new $(BUILD)/spdk-native-static-libs
+	$(call native_static_libs,spdk-cargo-release.log,spdk-native-static-libs,-libverbs -lrdmacm)
 
 $(BUILD)/obj/sqdisc_spdk.o: spdk-cargo-release
 	@mkdir -p $(@D)
@@ -189,12 +202,7 @@ $(BUILD)/lib/$(SPDK_REAL): $(BUILD)/obj/sqdisc_spdk.o
 	ln -sfn $(SPDK_SONAME) $(@D)/$(SPDK_SO)
 
 $(BUILD)/sqdisc_spdk.pc: pkgconfig/sqdisc_spdk.pc.in spdk-cargo-release
-	@mkdir -p $(@D)
-	sed -e 's|@PREFIX@|$(PREFIX)|' \
-	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
-	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
-	    -e 's|@VERSION@|$(SPDK_VERSION)|' \
-	    -e "s|@LIBS_PRIVATE@|$$(cat $(BUILD)/spdk-native-static-libs)|" $< > $@
+	$(call pkgconfig_file,$(SPDK_VERSION),spdk-native-static-libs)
 
 check-spdk-symbols: spdk-shim
 	bash scripts/check-spdk-symbols.sh $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(SPDK_SONAME)
@@ -211,12 +219,7 @@ check-cargo-release:
 	@mkdir -p $(BUILD)
 	$(CARGO) rustc -p sqdisc-check --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
 		| tee $(BUILD)/check-cargo-release.log
-	@libs=$$(sed -n 's/^note: native-static-libs: //p' $(BUILD)/check-cargo-release.log | tail -n 1); \
-	if [ -z "$$libs" ]; then echo "error: rustc printed no native-static-libs line" >&2; exit 1; fi; \
-	libs=$$(printf '%s\n' $$libs | grep -vx -e '-libverbs' -e '-lrdmacm' | tr '\n' ' ' | sed 's/ *$$//'); \
-	printf '%s\n' "$$libs" > $(BUILD)/check-native-static-libs.new; \
-	cmp -s $(BUILD)/check-native-static-libs.new $(BUILD)/check-native-static-libs 2>/dev/null \
-		&& rm $(BUILD)/check-native-static-libs.new || mv $(BUILD)/check-native-static-libs.new $(BUILD)/check-native-static-libs
+	$(call native_static_libs,check-cargo-release.log,check-native-static-libs,-libverbs -lrdmacm)
 
 $(BUILD)/obj/sqdisc_check.o: check-cargo-release
 	@mkdir -p $(@D)
@@ -236,11 +239,7 @@ $(BUILD)/lib/$(CHECK_REAL): $(BUILD)/obj/sqdisc_check.o check/sqdisc_check.map
 	ln -sfn $(CHECK_SONAME) $(@D)/$(CHECK_SO)
 
 $(BUILD)/sqdisc_check.pc: pkgconfig/sqdisc_check.pc.in check-cargo-release
-	@mkdir -p $(@D)
-	sed -e 's|@PREFIX@|$(PREFIX)|' \
-	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
-	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
-	    -e 's|@VERSION@|$(CHECK_VERSION)|' $< > $@
+	$(call pkgconfig_file,$(CHECK_VERSION))
 
 check-check-symbols: check-lib
 	bash scripts/check-checker-symbols.sh $(BUILD)/lib/$(CHECK_REAL) $(CHECK_SONAME) check/include/sqdisc_check.h
@@ -250,12 +249,7 @@ check-checker:
 	CC='$(CC)' bash scripts/check-checker.sh $(STAGE) $(STAGE_LIBDIR)
 
 $(BUILD)/sqdisc.pc: pkgconfig/sqdisc.pc.in cargo-release
-	@mkdir -p $(@D)
-	sed -e 's|@PREFIX@|$(PREFIX)|' \
-	    -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))|' \
-	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
-	    -e 's|@VERSION@|$(VERSION)|' \
-	    -e "s|@LIBS_PRIVATE@|$$(cat $(BUILD)/native-static-libs)|" $< > $@
+	$(call pkgconfig_file,$(VERSION),native-static-libs)
 
 # ---- install ---------------------------------------------------------------------------------------------
 
