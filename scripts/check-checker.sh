@@ -44,6 +44,16 @@ fail() {
     if [ -n "${2:-}" ] && [ -s "$2" ]; then sed 's/^/    | /' "$2" | tail -n 40; fi
     failed=$((failed + 1))
 }
+
+# report_counts REPORT PASS_TEXT NAME KIND...: passes when the report counts at least one finding of every KIND.
+report_counts() {
+    local rep=$1 text=$2 name=$3 missing="" k
+    shift 3
+    for k in "$@"; do
+        grep -Eq "^ +[1-9][0-9]* +$k" "$rep" || missing="$missing, $k"
+    done
+    if [ -z "$missing" ]; then pass "$text"; else fail "$name: the report lacks ${missing#, }" "$rep"; fi
+}
 read -r -a both_cflags <<< "$(pc --cflags sqdisc sqdisc_check)"
 read -r -a both_libs <<< "$(pc --libs sqdisc sqdisc_check)"
 read -r -a sim_cflags <<< "$(pc --cflags sqdisc)"
@@ -91,13 +101,9 @@ if "$CC" "${CFLAGS_STRICT[@]}" "${sim_cflags[@]}" "$src/preload_workload.c" -o "
             diff "$out/plain.out" "$out/preload.out" > "$out/preload.diff" || true
             fail "preload_workload: the checker changed what the program saw" "$out/preload.diff"
         fi
-        missing=""
-        for k in "SQ overflow" "unsignaled run" "idle unsignaled tail" "CQ undersized" "MR invalidated while in use" \
-            "unfenced LocalInv" "source modified while in flight" "flush of an unsignaled WQE"; do
-            grep -Eq "^ +[1-9][0-9]* +$k" "$rep" || missing="$missing, $k"
-        done
-        [ -z "$missing" ] && pass "preload_workload: the report at exit names every kind" \
-            || fail "preload_workload: the report lacks ${missing#, }" "$rep"
+        report_counts "$rep" "preload_workload: the report at exit names every kind" "preload_workload" \
+            "SQ overflow" "unsignaled run" "idle unsignaled tail" "CQ undersized" "MR invalidated while in use" \
+            "unfenced LocalInv" "source modified while in flight" "flush of an unsignaled WQE"
     else
         fail "preload_workload [preloaded]: exit $?" "$out/preload.out"
     fi
@@ -149,12 +155,8 @@ if "$CC" -std=c11 -Wall -Wextra -Werror -g -shared -fPIC "${sim_cflags[@]}" "$sr
         cmp -s "$out/interpose.plain" "$out/interpose.checked" \
             && pass "interpose_workload: the same output with the checker preloaded" \
             || fail "interpose_workload: the checker changed what the program saw" "$out/interpose.checked"
-        missing=""
-        for k in "SQ overflow" "CQ undersized" "MR invalidated while in use" "flush of an unsignaled WQE"; do
-            grep -Eq "^ +[1-9][0-9]* +$k" "$rep" || missing="$missing, $k"
-        done
-        [ -z "$missing" ] && pass "interpose_workload: objects made through the interposed ibv_* functions are checked" \
-            || fail "interpose_workload: the report lacks ${missing#, }" "$rep"
+        report_counts "$rep" "interpose_workload: objects made through the interposed ibv_* functions are checked" \
+            "interpose_workload" "SQ overflow" "CQ undersized" "MR invalidated while in use" "flush of an unsignaled WQE"
     else
         fail "interpose_workload [preloaded]" "$out/interpose.checked"
     fi
