@@ -49,10 +49,12 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
 
+use crate::sim::held::HeldObjects;
+use crate::verbs::device::DeviceOps;
 use crate::{Error, Result};
 use model::Model;
 
@@ -232,12 +234,12 @@ fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
     LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The deregistration the device registers with [`crate::verbs::control::register_device`]: what
+/// The deregistration the device registers with [`crate::verbs::device::register`]: what
 /// `sqd_scripted_dereg_mr` does, as 0 or a positive errno.
 ///
 /// # Safety
 /// The device that registered `mr`, if any, is alive and not in use by another thread.
-unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
+unsafe extern "C" fn dereg_for_library(_device: *mut std::ffi::c_void, mr: *mut ibv_mr) -> i32 {
     // SAFETY: as this function's caller promises.
     match unsafe { ScriptedDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
         Ok(()) => 0,
@@ -263,12 +265,20 @@ pub struct ScriptedDevice {
     pd: *mut ibv_pd,
     ibdev: *mut ibv_device,
     model: RefCell<Model>,
+    /// The CQs and QPs the library's handles hold (told through the device seam): not destroyed while held.
+    held: Arc<HeldObjects>,
     _pinned: PhantomPinned,
 }
 
 impl ScriptedDevice {
-    /// A new device with no CQs or QPs.
+    /// A new device with no CQs or QPs. Panics if the device cannot be registered with the library (out of
+    /// memory): see [`ScriptedDevice::try_new`].
     pub fn new() -> Pin<Box<ScriptedDevice>> {
+        ScriptedDevice::try_new().unwrap_or_else(|e| panic!("cannot make a scripted device: {e}"))
+    }
+
+    /// A new device with no CQs or QPs; `ENOMEM` if it cannot be registered with the library.
+    pub fn try_new() -> Result<Pin<Box<ScriptedDevice>>> {
         // SAFETY: `ibv_device` is plain data (integers, char arrays, nullable fn pointers): zero is valid.
         let mut ibdev: Box<ibv_device> = Box::new(unsafe { std::mem::zeroed() });
         for (dst, src) in ibdev.name.iter_mut().zip(b"sqd_scripted0".iter()) {
@@ -293,19 +303,23 @@ impl ScriptedDevice {
         let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
         let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
 
-        let device = Box::pin(ScriptedDevice { ctx, pd, ibdev, model: RefCell::new(Model::new()), _pinned: PhantomPinned });
+        let device = Box::pin(ScriptedDevice {
+            ctx,
+            pd,
+            ibdev,
+            model: RefCell::new(Model::new()),
+            held: HeldObjects::new(),
+            _pinned: PhantomPinned,
+        });
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
+        let ops = DeviceOps { dereg_mr: Some(dereg_for_library), ..DeviceOps::empty(std::ptr::null_mut()) };
         // SAFETY: `dereg_for_library` deregisters this device's MRs as `ibv_dereg_mr` would (it finds the device
-        // by the MR's address and refuses MRs it does not know).
-        unsafe {
-            crate::verbs::control::register_device(
-                ctx.cast(),
-                crate::verbs::control::DeviceOps { dereg_mr: dereg_for_library, create_srq: None, destroy_srq: None },
-            )
-        };
-        device
+        // by the MR's address and refuses MRs it does not know); `held`'s two functions outlive every hold. The
+        // device unregisters in its `Drop`.
+        unsafe { crate::verbs::device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
+        Ok(device)
     }
 
     /// The device that registered `mr`. Only the address is looked up: `mr` is never read, so a pointer that is
@@ -436,14 +450,19 @@ impl ScriptedDevice {
 
     /// Destroys a QP; `EBUSY` while a library handle (a managed queue) holds it.
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
-        crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
+        self.held.check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
         self.model.borrow_mut().destroy_qp(qp)
     }
 
     /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
-        crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
+        self.held.check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
         self.model.borrow_mut().destroy_cq(cq)
+    }
+
+    /// How many of its CQs and QPs the library's handles hold (the device is not freed while any is).
+    pub fn held_count(&self) -> usize {
+        self.held.count()
     }
 
     pub fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize> {
@@ -585,8 +604,8 @@ impl Scriptable for ScriptedDevice {
 
 impl Drop for ScriptedDevice {
     fn drop(&mut self) {
-        // SAFETY: the device is going: none of its objects is torn down after this.
-        unsafe { crate::verbs::control::unregister_device(self.context()) };
+        // SAFETY: the device is going: none of its objects is torn down after this. It was registered in `new`.
+        let _ = unsafe { crate::verbs::device::unregister(self.context()) };
         {
             let mut live = live_mrs();
             for mr in self.model.get_mut().mr_keys() {

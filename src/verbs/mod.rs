@@ -8,7 +8,7 @@
 mod callback;
 pub mod control;
 mod cq;
-pub mod managed;
+pub mod device;
 mod qp;
 mod srq;
 mod staged;
