@@ -52,6 +52,7 @@ mod events;
 pub mod held;
 mod model;
 mod ops;
+pub mod scriptable;
 
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
@@ -65,7 +66,7 @@ use rdma_sys::{
     ibv_srq_init_attr,
 };
 
-use crate::scripted::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use crate::verbs::device::DeviceOps;
 use crate::{Error, Result};
 pub use events::{AsyncElement, AsyncEvent};

@@ -19,7 +19,7 @@ use rdma_sys::{
 
 use super::events::{AsyncElement, AsyncEvent, ChannelModel, EventFd};
 use super::*;
-use crate::scripted::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use super::scriptable::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use crate::{Error, Result};
 
 /// Written into `opcode` and `byte_len` of error and flush CQEs, where verbs leaves them undefined.
