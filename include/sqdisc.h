@@ -503,8 +503,8 @@ struct sqd_device_ops {
     int (*dereg_mr)(void *device, struct ibv_mr *mr);
     /**
      * Creates an SRQ on `pd`, a PD of the device, as `ibv_create_srq` does (the granted attributes written back
-     * to `attr`): stores it in `*srq` and returns 0, or returns a positive errno. NULL: `sqd_srq_new` on the
-     * device fails with `EOPNOTSUPP`.
+     * to `attr`): stores it in `*srq` and returns 0, or returns a positive errno. Called where the library makes
+     * an SRQ itself (the SPDK provider does, for SPDK). NULL: such creations fail with `EOPNOTSUPP`.
      */
     int (*create_srq)(void *device, struct ibv_pd *pd, struct ibv_srq_init_attr *attr, struct ibv_srq **srq);
     /**
@@ -982,8 +982,9 @@ int32_t sqd_srq_stats(const struct sqd_srq *srq, struct sqd_srq_stats *out);
  * through private driver ops. Hardware providers loaded by libibverbs never need this.
  *
  * From then on, for objects whose `context` is `ctx`, the library calls `ops->dereg_mr` instead of
- * `ibv_dereg_mr` (deferred deregistration), `ops->create_srq` / `ops->destroy_srq` instead of `ibv_create_srq` /
- * `ibv_destroy_srq` (`sqd_srq_new`, `sqd_srq_free`), and, when set, `ops->hold` / `ops->release` as each
+ * `ibv_dereg_mr` (deferred deregistration: `sqd_defer_dereg_mr`), `ops->create_srq` / `ops->destroy_srq` instead
+ * of `ibv_create_srq` / `ibv_destroy_srq` where it makes an SRQ itself (the SPDK provider, libsqdisc_spdk, does
+ * for SPDK), and, when set, `ops->hold` / `ops->release` as each
  * `sqd_cq`, `sqd_queue` and `sqd_srq` starts and stops using one of the device's CQs, QPs and SRQs, so the device
  * can refuse to destroy an object a handle still uses. `*ops` is copied; `ops->size` must be
  * `sizeof(struct sqd_device_ops)`.

@@ -12,8 +12,9 @@ use crate::verbs::device::{self, DeviceOps, DEVICE_OPS_SIZE_V1};
 /// through private driver ops. Hardware providers loaded by libibverbs never need this.
 ///
 /// From then on, for objects whose `context` is `ctx`, the library calls `ops->dereg_mr` instead of
-/// `ibv_dereg_mr` (deferred deregistration), `ops->create_srq` / `ops->destroy_srq` instead of `ibv_create_srq` /
-/// `ibv_destroy_srq` (`sqd_srq_new`, `sqd_srq_free`), and, when set, `ops->hold` / `ops->release` as each
+/// `ibv_dereg_mr` (deferred deregistration: `sqd_defer_dereg_mr`), `ops->create_srq` / `ops->destroy_srq` instead
+/// of `ibv_create_srq` / `ibv_destroy_srq` where it makes an SRQ itself (the SPDK provider, libsqdisc_spdk, does
+/// for SPDK), and, when set, `ops->hold` / `ops->release` as each
 /// `sqd_cq`, `sqd_queue` and `sqd_srq` starts and stops using one of the device's CQs, QPs and SRQs, so the device
 /// can refuse to destroy an object a handle still uses. `*ops` is copied; `ops->size` must be
 /// `sizeof(struct sqd_device_ops)`.

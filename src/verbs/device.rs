@@ -43,8 +43,8 @@ pub struct DeviceOps {
     /// fail with `EOPNOTSUPP`.
     pub dereg_mr: Option<unsafe extern "C" fn(device: *mut c_void, mr: *mut ibv_mr) -> c_int>,
     /// Creates an SRQ on `pd`, a PD of the device, as `ibv_create_srq` does (the granted attributes written back
-    /// to `attr`): stores it in `*srq` and returns 0, or returns a positive errno. NULL: `sqd_srq_new` on the
-    /// device fails with `EOPNOTSUPP`.
+    /// to `attr`): stores it in `*srq` and returns 0, or returns a positive errno. Called where the library makes
+    /// an SRQ itself (the SPDK provider does, for SPDK). NULL: such creations fail with `EOPNOTSUPP`.
     pub create_srq: Option<
         unsafe extern "C" fn(device: *mut c_void, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr, srq: *mut *mut ibv_srq) -> c_int,
     >,
