@@ -27,6 +27,7 @@ mod srq;
 pub mod verbs;
 mod queue;
 
+#[cfg(feature = "capi")]
 mod capi;
 
 pub use completion::{
