@@ -100,10 +100,11 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
-/// An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
+/// An `ibv_cq` under management ([`Cq::new`], [`Cq::with_lock`]).
 ///
-/// Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
-/// and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
+/// Threads: a `Cq` and the queues on it are single-threaded (`!Send`). [`Cq::with_lock`] only attaches a
+/// lock for a caller that serialises access itself (the C API's `SQD_CQ_THREAD_SAFE` mode); the Rust API
+/// never takes it.
 pub struct Cq {
     pub(crate) shared: Rc<CqShared>,
 }

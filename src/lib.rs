@@ -31,6 +31,7 @@ mod post_error;
 mod queue;
 mod release;
 
+#[cfg(feature = "capi")]
 mod capi;
 
 pub use completion::{

@@ -282,10 +282,10 @@ impl QueueStorage {
     }
 }
 
-/// The managed send queue (and optionally receive queue) of one RC QP.
+/// The managed send queue (and optionally receive queue) of one RC QP ([`Queue::new`], [`Queue::with_srq`]).
 ///
-/// Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
-/// (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
+/// Threads: as its CQs. Drop it only when nothing of it is outstanding ([`Queue::check_free`]), since WRs
+/// still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
 }

@@ -76,12 +76,12 @@ pub(crate) struct SrqShared {
     retired: Cell<bool>,
 }
 
-/// An `ibv_srq` under management.
+/// An `ibv_srq` under management ([`Srq::new`]).
 ///
-/// Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
-/// completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by
-/// the thread that polls the CQs of its queues, which are never `SQD_CQ_THREAD_SAFE` ones (`sqd_queue_new`
-/// refuses an SRQ there).
+/// Its receives are released (through its own release handler, flag [`SQD_COMPLETION_RECV`](crate::SQD_COMPLETION_RECV))
+/// when their own completion is reaped on any managed CQ where a queue attached to it completes receives.
+/// Threads: used by the thread that polls the CQs of its queues, which never carry a lock
+/// ([`Queue::with_srq`](crate::Queue::with_srq) refuses such a CQ).
 pub struct Srq {
     pub(crate) shared: Rc<SrqShared>,
 }
