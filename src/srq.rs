@@ -4,11 +4,14 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Mutex;
 
+use crate::attach::AttachedSrq;
 use crate::completion::{Completion, SQD_COMPLETION_RECV};
 use crate::discipline::srq::{SrqSlots, MAX_SRQS, SRQ_TOKEN_BASE};
 use crate::discipline::token::{Direction, Token};
 use crate::error::{Error, Result};
-use crate::queue::{call, RecvPostError, ReleaseHandler, MAX_DEPTH};
+use crate::limits::MAX_DEPTH;
+use crate::post_error::RecvPostError;
+use crate::release::{call, ReleaseHandler};
 use crate::verbs::{RecvChain, SrqHandle};
 
 /// Counters of a managed SRQ (`struct sqd_srq_stats` in C).
@@ -326,5 +329,21 @@ impl SrqShared {
         if let (Some(posted), Some(f)) = (low, &self.low) {
             f(posted);
         }
+    }
+}
+
+/// What the CQs where its queues complete receives call on it (`CqShared::attach_srq`).
+impl AttachedSrq for SrqShared {
+    fn id(&self) -> u32 {
+        self.id
+    }
+    fn depth(&self) -> u32 {
+        SrqShared::depth(self)
+    }
+    fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
+        SrqShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
+    }
+    fn run_releases(&self) {
+        SrqShared::run_releases(self)
     }
 }

@@ -8,7 +8,7 @@ use rdma_sys::{ibv_recv_wr, ibv_srq};
 use super::queue::ReleaseFn;
 use super::handle::{self, sqd_srq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::queue::ReleaseHandler;
+use crate::release::ReleaseHandler;
 use crate::srq::{Srq, SrqStats};
 use crate::verbs::{ForeignRelease, RecvChain, SrqHandle};
 use crate::Error;
