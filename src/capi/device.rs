@@ -5,6 +5,7 @@ use std::ffi::c_int;
 use rdma_sys::ibv_context;
 
 use super::{fail, ffi_boundary, status};
+use crate::error::{Error, Result};
 use crate::verbs::device::{self, DeviceOps, DEVICE_OPS_SIZE_V1};
 
 /// Registers a software device: a device whose provider only fills in the public ops table of its
@@ -35,7 +36,7 @@ use crate::verbs::device::{self, DeviceOps, DEVICE_OPS_SIZE_V1};
 pub unsafe extern "C" fn sqd_device_register(ctx: *mut ibv_context, ops: *const DeviceOps) -> c_int {
     ffi_boundary!({
         // SAFETY: the C caller passes NULL or a readable struct of `ops->size` bytes, as documented.
-        let ops = match unsafe { device::read_ops(ops) } {
+        let ops = match unsafe { read_ops(ops) } {
             Ok(o) => o,
             Err(e) => return fail(&e),
         };
@@ -63,12 +64,12 @@ pub unsafe extern "C" fn sqd_device_unregister(ctx: *mut ibv_context) -> c_int {
 pub unsafe extern "C" fn sqd_device_lookup(ctx: *mut ibv_context, ops: *mut DeviceOps) -> c_int {
     ffi_boundary!({
         if ops.is_null() {
-            return fail(&crate::Error::invalid("ops is NULL"));
+            return fail(&Error::invalid("ops is NULL"));
         }
         // SAFETY: non-NULL, and the caller promises `ops->size` writable bytes; `size` is the first member.
         let size = unsafe { std::ptr::addr_of!((*ops).size).read_unaligned() };
         if size < DEVICE_OPS_SIZE_V1 {
-            return fail(&crate::Error::invalid(format!(
+            return fail(&Error::invalid(format!(
                 "ops->size is {size}; struct sqd_device_ops is {DEVICE_OPS_SIZE_V1} bytes"
             )));
         }
@@ -81,4 +82,28 @@ pub unsafe extern "C" fn sqd_device_lookup(ctx: *mut ibv_context, ops: *mut Devi
             }
         }
     })
+}
+
+/// Checks `ops` and copies it out (at most what this version knows; a shorter `size` is refused).
+///
+/// # Safety
+/// `ops` is NULL or points to at least `(*ops).size` readable bytes.
+unsafe fn read_ops(ops: *const DeviceOps) -> Result<DeviceOps> {
+    if ops.is_null() {
+        return Err(Error::invalid("ops is NULL"));
+    }
+    // SAFETY: non-NULL and readable (caller's promise); `size` is the first member of every version.
+    let size = unsafe { std::ptr::addr_of!((*ops).size).read_unaligned() };
+    if size < DEVICE_OPS_SIZE_V1 {
+        return Err(Error::invalid(format!(
+            "ops->size is {size}; struct sqd_device_ops is {DEVICE_OPS_SIZE_V1} bytes (set size = sizeof(struct sqd_device_ops))"
+        )));
+    }
+    // SAFETY: at least `DEVICE_OPS_SIZE_V1` bytes are readable (checked above, caller's promise).
+    let mut copy = unsafe { ops.read_unaligned() };
+    copy.size = DEVICE_OPS_SIZE_V1;
+    if copy.hold.is_some() != copy.release.is_some() {
+        return Err(Error::invalid("ops->hold and ops->release must be both set or both NULL"));
+    }
+    Ok(copy)
 }

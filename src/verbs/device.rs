@@ -88,30 +88,6 @@ fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
     ENTRIES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Checks `ops` and copies it out (at most what this version knows; a shorter `size` is refused).
-///
-/// # Safety
-/// `ops` is NULL or points to at least `(*ops).size` readable bytes.
-pub(crate) unsafe fn read_ops(ops: *const DeviceOps) -> Result<DeviceOps> {
-    if ops.is_null() {
-        return Err(Error::invalid("ops is NULL"));
-    }
-    // SAFETY: non-NULL and readable (caller's promise); `size` is the first member of every version.
-    let size = unsafe { std::ptr::addr_of!((*ops).size).read_unaligned() };
-    if size < DEVICE_OPS_SIZE_V1 {
-        return Err(Error::invalid(format!(
-            "ops->size is {size}; struct sqd_device_ops is {DEVICE_OPS_SIZE_V1} bytes (set size = sizeof(struct sqd_device_ops))"
-        )));
-    }
-    // SAFETY: at least `DEVICE_OPS_SIZE_V1` bytes are readable (checked above, caller's promise).
-    let mut copy = unsafe { ops.read_unaligned() };
-    copy.size = DEVICE_OPS_SIZE_V1;
-    if copy.hold.is_some() != copy.release.is_some() {
-        return Err(Error::invalid("ops->hold and ops->release must be both set or both NULL"));
-    }
-    Ok(copy)
-}
-
 /// This copy's registration.
 fn local_register(ctx: *mut ibv_context, ops: DeviceOps) -> Result<()> {
     if ctx.is_null() {
@@ -166,25 +142,39 @@ struct Canonical {
 /// `None`: this copy's table is the process's (or the one this copy can see).
 static CANONICAL: OnceLock<Option<Canonical>> = OnceLock::new();
 
-/// The first definition of `name` in global scope, if it is not this copy's own `own`.
+/// The shared object (or executable) whose mapping holds `addr`, by its load address; `None` if none does.
 #[cfg(not(miri))]
-fn foreign_symbol(name: &std::ffi::CStr, own: usize) -> Option<*mut c_void> {
+fn object_of(addr: *const c_void) -> Option<usize> {
+    // SAFETY: all-zero is a valid `Dl_info` (pointers and NULL); dladdr only writes it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `addr` is only looked up, never dereferenced; `info` is writable.
+    (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase as usize)
+}
+
+/// The first definition of `name` in global scope, if it is another copy's: one in another object than this
+/// code. (A copy whose C functions are not built, the rlib without the `capi` feature, finds only others'.)
+#[cfg(not(miri))]
+fn foreign_symbol(name: &std::ffi::CStr) -> Option<*mut c_void> {
     // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT searches the global scope and returns NULL when it has none.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    (!p.is_null() && p as usize != own).then_some(p)
+    if p.is_null() {
+        return None;
+    }
+    let here = object_of(foreign_symbol as *const () as *const c_void);
+    (object_of(p) != here || here.is_none()).then_some(p)
 }
 
 /// Miri cannot ask the dynamic linker; a program run under it has one copy of the core.
 #[cfg(miri)]
-fn foreign_symbol(_name: &std::ffi::CStr, _own: usize) -> Option<*mut c_void> {
+fn foreign_symbol(_name: &std::ffi::CStr) -> Option<*mut c_void> {
     None
 }
 
 fn canonical() -> Option<Canonical> {
     *CANONICAL.get_or_init(|| {
-        let lookup = foreign_symbol(c"sqd_device_lookup", crate::capi::device::sqd_device_lookup as *const () as usize)?;
-        let register = foreign_symbol(c"sqd_device_register", crate::capi::device::sqd_device_register as *const () as usize)?;
-        let unregister = foreign_symbol(c"sqd_device_unregister", crate::capi::device::sqd_device_unregister as *const () as usize)?;
+        let lookup = foreign_symbol(c"sqd_device_lookup")?;
+        let register = foreign_symbol(c"sqd_device_register")?;
+        let unregister = foreign_symbol(c"sqd_device_unregister")?;
         // SAFETY: each address is the exported function of that name of another copy of this library (the names
         // are the library's own, with these signatures in every version that has them).
         unsafe {
