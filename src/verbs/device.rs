@@ -151,40 +151,62 @@ fn object_of(addr: *const c_void) -> Option<usize> {
     (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase as usize)
 }
 
-/// The first definition of `name` in global scope, if it is another copy's: one in another object than this
-/// code. (A copy whose C functions are not built, the rlib without the `capi` feature, finds only others'.)
+/// This copy's own `sqd_device_lookup`, when it has one (its C ABI is built: the `capi` feature). Named through
+/// the linker, not the module path, so that `verbs` does not import `capi`; only its address is taken.
+#[cfg(all(feature = "capi", not(miri)))]
+fn own_lookup() -> Option<usize> {
+    extern "C" {
+        fn sqd_device_lookup(ctx: *mut ibv_context, ops: *mut DeviceOps) -> c_int;
+    }
+    Some(sqd_device_lookup as *const () as usize)
+}
+
+#[cfg(all(not(feature = "capi"), not(miri)))]
+fn own_lookup() -> Option<usize> {
+    None
+}
+
+/// The first definition of `name` in global scope, if any.
 #[cfg(not(miri))]
-fn foreign_symbol(name: &std::ffi::CStr) -> Option<*mut c_void> {
+fn global_symbol(name: &std::ffi::CStr) -> Option<*mut c_void> {
     // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT searches the global scope and returns NULL when it has none.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    if p.is_null() {
-        return None;
+    (!p.is_null()).then_some(p)
+}
+
+/// Whether `lookup`, the first `sqd_device_lookup` in global scope, is another copy's: this copy has none of its
+/// own (no C ABI built), or it is not this copy's, or it lies in another object than this code (a copy whose own
+/// symbol is interposed by an earlier one resolves its own name to that one).
+#[cfg(not(miri))]
+fn is_foreign(lookup: *mut c_void) -> bool {
+    let Some(own) = own_lookup() else { return true };
+    lookup as usize != own || object_of(lookup) != object_of(is_foreign as *const () as *const c_void)
+}
+
+#[cfg(not(miri))]
+fn resolve_canonical() -> Option<Canonical> {
+    let lookup = global_symbol(c"sqd_device_lookup").filter(|&p| is_foreign(p))?;
+    let register = global_symbol(c"sqd_device_register")?;
+    let unregister = global_symbol(c"sqd_device_unregister")?;
+    // SAFETY: each address is the exported function of that name of another copy of this library (the names are
+    // the library's own, with these signatures in every version that has them).
+    unsafe {
+        Some(Canonical {
+            register: std::mem::transmute::<*mut c_void, RegisterFn>(register),
+            unregister: std::mem::transmute::<*mut c_void, UnregisterFn>(unregister),
+            lookup: std::mem::transmute::<*mut c_void, LookupFn>(lookup),
+        })
     }
-    let here = object_of(foreign_symbol as *const () as *const c_void);
-    (object_of(p) != here || here.is_none()).then_some(p)
 }
 
 /// Miri cannot ask the dynamic linker; a program run under it has one copy of the core.
 #[cfg(miri)]
-fn foreign_symbol(_name: &std::ffi::CStr) -> Option<*mut c_void> {
+fn resolve_canonical() -> Option<Canonical> {
     None
 }
 
 fn canonical() -> Option<Canonical> {
-    *CANONICAL.get_or_init(|| {
-        let lookup = foreign_symbol(c"sqd_device_lookup")?;
-        let register = foreign_symbol(c"sqd_device_register")?;
-        let unregister = foreign_symbol(c"sqd_device_unregister")?;
-        // SAFETY: each address is the exported function of that name of another copy of this library (the names
-        // are the library's own, with these signatures in every version that has them).
-        unsafe {
-            Some(Canonical {
-                register: std::mem::transmute::<*mut c_void, RegisterFn>(register),
-                unregister: std::mem::transmute::<*mut c_void, UnregisterFn>(unregister),
-                lookup: std::mem::transmute::<*mut c_void, LookupFn>(lookup),
-            })
-        }
-    })
+    *CANONICAL.get_or_init(resolve_canonical)
 }
 
 fn foreign_error(call: &str, rc: c_int) -> Error {
