@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::discipline::srq::SRQ_TOKEN_BASE;
 use crate::queue::{CqeFate, QueueShared};
 use crate::srq::SrqShared;
-use crate::verbs::{ibv_wc, CqHandle};
+use crate::verbs::{ibv_wc, BacklogPool, CqHandle};
+pub use crate::verbs::BacklogPoolStats;
 
 /// Counters of a managed CQ (`struct sqd_cq_stats` in C).
 #[repr(C)]
@@ -43,28 +44,6 @@ pub struct CqStats {
     pub tail_markers: u64,
 }
 
-/// The state of a CQ's backlog pool, where the queues whose sends complete on the CQ park WRs (`struct
-/// sqd_backlog_pool_stats` in C).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BacklogPoolStats {
-    /// The most WRs the CQ's queues may park at once, all together (`sqd_cq_set_backlog_limit`); 0: no limit
-    /// beyond the sum of the queues' `backlog_depth`.
-    pub limit: u32,
-    /// WRs parked now.
-    pub parked: u32,
-    /// Most WRs parked at once.
-    pub peak: u64,
-    /// WRs the pool has storage for.
-    pub capacity: u64,
-    /// The sum of the `backlog_depth` of the queues whose sends complete on the CQ.
-    pub demand: u64,
-    /// Bytes of the pool's storage.
-    pub bytes: u64,
-    /// WRs refused with `-EAGAIN` because the pool was exhausted (the queue's own backlog had room).
-    pub exhausted: u64,
-}
-
 pub(crate) struct CqShared {
     pub(crate) handle: CqHandle,
     state: RefCell<CqState>,
@@ -76,6 +55,9 @@ pub(crate) struct CqShared {
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
+    /// Where the queues whose sends complete here park WRs. Borrowed by a queue with its own state borrowed
+    /// (queue -> pool), never the other way, and never across a callback or a call into another object.
+    pub(crate) pool: RefCell<BacklogPool>,
 }
 
 /// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
@@ -156,6 +138,7 @@ impl Cq {
                 polling: Cell::new(false),
                 armed: Cell::new(false),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
+                pool: RefCell::new(BacklogPool::default()),
             }),
         }
     }
@@ -165,14 +148,19 @@ impl Cq {
         self.shared.lock.as_ref()
     }
 
-    /// Limits the WRs the queues on this CQ may park at once, all together (0: no limit).
-    pub fn set_backlog_limit(&self, _max_parked: u32) -> Result<()> {
-        Ok(())
+    /// Limits the WRs that the queues whose sends complete on this CQ may park at once, all together, to
+    /// `max_parked` (0: no limit beyond each queue's `backlog_depth`, the default). The CQ's backlog pool then
+    /// holds storage for at most that many WRs of each shape (`max_send_sge`, `max_inline_data`) of its queues,
+    /// instead of the sum of their `backlog_depth`; a WR that finds the limit reached is refused with `EAGAIN`.
+    /// Storage for a higher limit is allocated now (`ENOMEM`: the old limit stays); storage is kept when the
+    /// limit is lowered. Lowering it below the WRs parked now refuses new ones until enough are released.
+    pub fn set_backlog_limit(&self, max_parked: u32) -> Result<()> {
+        self.shared.pool.borrow_mut().set_limit(max_parked)
     }
 
     /// The state of the CQ's backlog pool.
     pub fn backlog_pool_stats(&self) -> BacklogPoolStats {
-        BacklogPoolStats::default()
+        self.shared.pool.borrow().stats()
     }
 
     /// Queues attached to this CQ.
