@@ -6,7 +6,16 @@
 //! entries themselves. So a queue at rest holds no backlog storage, and parking a WR only links an entry that
 //! already exists: no allocation per WR.
 
-use super::send::Parked;
+/// What a backlog entry must tell the core about the WR it holds.
+pub trait Parked {
+    fn wr_id(&self) -> u64;
+    /// `ibv_wc_opcode` of the WR.
+    fn wc_opcode(&self) -> u8;
+    /// The ULP asked for a completion.
+    fn ulp_signaled(&self) -> bool;
+    /// A library operation (see `Slot::OP`).
+    fn is_op(&self) -> bool;
+}
 
 /// Names one entry of a [`ParkStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,24 +10,13 @@
 
 use std::collections::VecDeque;
 
-use super::backlog::{Backlog, EntryId, ParkStore};
+use super::backlog::{Backlog, EntryId, ParkStore, Parked};
 use super::opcode::{WC_LOC_QP_OP_ERR, WC_SUCCESS, WC_WR_FLUSH_ERR};
 use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
 use super::late::LateWindow;
 use super::token::Token;
 use crate::error::Result;
-
-/// What a backlog entry must tell the core about the WR it holds.
-pub trait Parked {
-    fn wr_id(&self) -> u64;
-    /// `ibv_wc_opcode` of the WR.
-    fn wc_opcode(&self) -> u8;
-    /// The ULP asked for a completion.
-    fn ulp_signaled(&self) -> bool;
-    /// A library operation (see `Slot::OP`).
-    fn is_op(&self) -> bool;
-}
 
 /// The decision for one WR handed to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

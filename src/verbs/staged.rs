@@ -13,8 +13,8 @@ use super::qp::{PostFailure, QpHandle};
 use super::wr::{SendChain, WrPtr};
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED};
 use super::pool::BacklogPool;
-use crate::discipline::backlog::{EntryId, ParkStore};
-use crate::discipline::send::{Parked, SendState};
+use crate::discipline::backlog::{EntryId, ParkStore, Parked};
+use crate::discipline::send::SendState;
 use crate::discipline::token::{Direction, Token};
 
 pub struct StagedWr {
