@@ -1096,7 +1096,7 @@ impl QueueShared {
                         }
                         Item::Release
                     }
-                } else if let Some(r) = self.next_parked_release(st) {
+                } else if let Some(r) = if st.send.backlog_len() == 0 { None } else { self.next_parked_release(st) } {
                     // A parked WR released as never posted.
                     c = Completion::from((r, false));
                     if r.op {
@@ -1168,13 +1168,10 @@ impl QueueShared {
         }
     }
 
-    /// The next release of a parked WR, if one is due (see `SendState::next_parked_release`); the pool is
-    /// borrowed only when the queue has WRs parked.
-    #[inline]
+    /// The next release of a parked WR, if one is due (see `SendState::next_parked_release`). Out of line and
+    /// called only when the queue has WRs parked, so that the release loop's common case is one compare.
+    #[inline(never)]
     fn next_parked_release(&self, st: &mut QueueState) -> Option<crate::discipline::Release> {
-        if st.send.backlog_len() == 0 {
-            return None;
-        }
         st.send.next_parked_release(&mut *self.send_cq.pool.borrow_mut())
     }
 
