@@ -879,7 +879,8 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * state allocates nothing.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+ * (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
+ * pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
  * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,

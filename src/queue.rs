@@ -1196,8 +1196,17 @@ impl QueueShared {
             if let Some(c) = st.send.closed() {
                 return Err(closed_error(c));
             }
-            if fence && st.send.credits() == 0 && st.send.backlog_len() == st.send.backlog_capacity() {
-                return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+            if fence && st.send.credits() == 0 {
+                if st.send.backlog_len() == st.send.backlog_capacity() {
+                    return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+                }
+                if !self.send_cq.pool.borrow().has_room() {
+                    return Err(Error::new(
+                        libc::EAGAIN,
+                        "no SQ credit for the fenced LocalInv, and the send CQ's backlog pool is at its limit \
+                         (sqd_cq_set_backlog_limit)",
+                    ));
+                }
             }
             // Room for the barrier that posts it (or retries it when the SQ and the backlog are full).
             st.barriers.reserve(1)?;

@@ -363,3 +363,27 @@ fn parking_allocates_nothing_in_steady_state() {
     drop(queues);
     drop(cq);
 }
+
+/// A fenced invalidation is posted at once or refused: with no SQ credit and the CQ's pool at its limit (the
+/// queue's own backlog has room) it is refused with EAGAIN, as with a full backlog, and taken after releases.
+#[test]
+fn a_fenced_invalidation_finds_the_pool_at_its_limit_and_is_refused() {
+    use sqdisc::InvalidateMode;
+    let mut g = Group::new(256);
+    g.cq.set_backlog_limit(2).unwrap();
+    let a = g.add(config(4, 0, 8));
+    let mut c = Chain::sends(0..6, 0);
+    g.post(a, &mut c).unwrap();
+    assert_eq!(g.cq.backlog_pool_stats().parked, 2);
+    let e = g.queues[a].invalidate(0x1234, InvalidateMode::Fenced, 77, None).unwrap_err();
+    assert_eq!(e.errno(), libc::EAGAIN, "{}", e.message());
+    assert!(e.message().contains("backlog pool"), "{}", e.message());
+    assert_eq!(g.queues[a].stats().accepted, 6, "the LocalInv was not accepted");
+    g.complete_and_poll(a, usize::MAX);
+    g.queues[a].invalidate(0x1234, InvalidateMode::Fenced, 77, None).unwrap();
+    for _ in 0..3 {
+        g.complete_and_poll(a, usize::MAX);
+    }
+    let s = g.queues[a].stats();
+    assert_eq!((s.accepted, s.released, s.backlog), (7, 7, 0), "{s:?}");
+}

@@ -363,7 +363,8 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// state allocates nothing.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
-/// (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+/// (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
+/// pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
 /// nothing is posted and `done` is not called).
 #[no_mangle]
 pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {

@@ -234,6 +234,12 @@ impl BacklogPool {
         Ok(())
     }
 
+    /// Whether the limit lets one more WR park (the queue's class then has a free entry for it, unless its own
+    /// backlog is full).
+    pub fn has_room(&self) -> bool {
+        self.limit == 0 || self.parked < self.limit
+    }
+
     /// An entry of `class` for a WR to park, or `EAGAIN` when the limit is reached.
     #[inline]
     pub fn take(&mut self, class: u16) -> Result<EntryId> {
@@ -251,12 +257,13 @@ impl BacklogPool {
     #[cold]
     fn exhausted_error(&mut self) -> Error {
         self.exhausted += 1;
+        let limit = if self.limit == 0 { "none".to_string() } else { self.limit.to_string() };
         Error::new(
             libc::EAGAIN,
             format!(
                 "no SQ credit, and the CQ's backlog pool is exhausted: {} WRs are parked on the CQ's queues, its limit \
-                 (sqd_cq_set_backlog_limit) is {}; retry after releases",
-                self.parked, self.limit
+                 (sqd_cq_set_backlog_limit) is {limit}; retry after releases",
+                self.parked
             ),
         )
     }
