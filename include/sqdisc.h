@@ -77,7 +77,8 @@
 #define SQD_INVALIDATE_FENCE 1
 
 /**
- * An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
+ * A managed completion queue: an `ibv_cq` taken under management by `sqd_cq_new` or `sqd_cq_new_ex`, freed
+ * by `sqd_cq_free`.
  *
  * Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
  * and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
@@ -85,7 +86,8 @@
 struct sqd_cq;
 
 /**
- * The managed send queue (and optionally receive queue) of one RC QP.
+ * The managed send queue (and optionally receive queue) of one RC QP, made by `sqd_queue_new` and freed by
+ * `sqd_queue_free`.
  *
  * Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
  * (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
@@ -93,7 +95,7 @@ struct sqd_cq;
 struct sqd_queue;
 
 /**
- * An `ibv_srq` under management.
+ * An `ibv_srq` under management, made by `sqd_srq_new` and freed by `sqd_srq_free`.
  *
  * Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
  * completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by

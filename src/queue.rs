@@ -3,8 +3,9 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
-use crate::cq::{Cq, CqShared, IdleCheck};
+use crate::cq::{Cq, CqShared};
 use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
@@ -13,18 +14,14 @@ use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
+use crate::limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
+use crate::post_error::{PostError, RecvPostError};
+use crate::release::{call, ReleaseHandler};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
 use crate::discipline::backlog::ParkStore;
-use crate::verbs::{pump_backlog, BacklogPool, ForeignDeferred, ForeignRelease, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
-
-/// Largest depth (SQ, RQ or backlog) a queue accepts.
-pub const MAX_DEPTH: u32 = 1 << 20;
-/// Largest `max_send_sge` a queue accepts.
-pub const MAX_SGE: u32 = 1024;
-/// Largest `max_inline_data` a queue accepts.
-pub const MAX_INLINE: u32 = 1 << 16;
+use crate::verbs::{pump_backlog, BacklogPool, ForeignDeferred, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
 
 /// How a queue is set up. Depths are what the QP was actually granted (read them back after creating it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,12 +41,6 @@ pub struct QueueConfig {
     /// its release; a difference is reported in the release (`SQD_COMPLETION_BUFFER_MODIFIED`) and counted.
     /// The bytes must stay readable until the release (as rule 3 requires anyway). For debug and canary builds.
     pub verify_buffers: bool,
-}
-
-/// What runs when a WR is released.
-pub enum ReleaseHandler {
-    Closure(Box<dyn Fn(&Completion)>),
-    Foreign(ForeignRelease),
 }
 
 /// What `defer` runs once every WR accepted before it is released.
@@ -194,13 +185,6 @@ pub struct QueueStats {
     pub markers_refused: u32,
 }
 
-pub(crate) enum CqeFate {
-    Visible(u64),
-    Hidden,
-    Stray,
-    Passthrough,
-}
-
 struct QueueState {
     send: SendState<StagedWr>,
     recv: Option<RecvState>,
@@ -306,26 +290,12 @@ impl QueueStorage {
     }
 }
 
-/// The managed send queue (and optionally receive queue) of one RC QP.
+/// The managed send queue (and optionally receive queue) of one RC QP ([`Queue::new`], [`Queue::with_srq`]).
 ///
-/// Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
-/// (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
+/// Threads: as its CQs. Drop it only when nothing of it is outstanding ([`Queue::check_free`]), since WRs
+/// still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
-}
-
-/// A post that stopped early: `error` says why; `bad` is the first WR not accepted (it and every WR after it
-/// were not taken).
-#[derive(Debug)]
-pub struct PostError<'a> {
-    pub error: Error,
-    pub bad: WrPtr<'a>,
-}
-
-#[derive(Debug)]
-pub struct RecvPostError<'a> {
-    pub error: Error,
-    pub bad: RecvWrPtr<'a>,
 }
 
 /// Dropping a queue detaches it from its CQs whatever is outstanding: call [`Queue::check_free`] first, as
@@ -521,10 +491,10 @@ impl Queue {
             srq: srq.map(|s| s.shared.clone()),
             last_wqe_at: Cell::new(None),
         });
-        shared.send_cq.install(send_index, shared.clone());
+        shared.send_cq.install(send_index, &shared);
         if let Some(r) = &shared.recv_cq {
             if !same_cq {
-                r.install(recv_index, shared.clone());
+                r.install(recv_index, &shared);
             }
         }
         Ok(Queue { shared })
@@ -713,7 +683,6 @@ impl Drop for Queue {
     }
 }
 
-pub(crate) const EV_CQ_ERR: u32 = 0;
 const EV_QP_FATAL: u32 = 1;
 const EV_QP_REQ_ERR: u32 = 2;
 const EV_QP_ACCESS_ERR: u32 = 3;
@@ -752,6 +721,28 @@ fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: usize,
         } else {
             w = w.next().expect("run is linked");
         }
+    }
+}
+
+/// What the CQs of a queue call on it; the CQ's table holds the queue as this (`CqShared::install`).
+impl AttachedQueue<CqShared> for QueueShared {
+    fn qp_num(&self) -> u32 {
+        QueueShared::qp_num(self)
+    }
+    fn send_cq(&self) -> &Rc<CqShared> {
+        QueueShared::send_cq(self)
+    }
+    fn recv_cq(&self) -> Option<&Rc<CqShared>> {
+        QueueShared::recv_cq(self)
+    }
+    fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate {
+        QueueShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
+    }
+    fn check_idle_tail(&self, now: bool) -> IdleCheck {
+        QueueShared::check_idle_tail(self, now)
+    }
+    fn abandon(&self) {
+        QueueShared::abandon(self)
     }
 }
 
@@ -1519,14 +1510,6 @@ fn completion_of(slot: &Slot) -> Completion {
         flags: if slot.has(Slot::OWN_CQE) { 0 } else { crate::completion::SQD_COMPLETION_IMPLIED },
         invalidated_rkey: 0,
         modified_sge: 0,
-    }
-}
-
-pub(crate) fn call(handler: Option<&ReleaseHandler>, c: &Completion) {
-    match handler {
-        Some(ReleaseHandler::Closure(f)) => f(c),
-        Some(ReleaseHandler::Foreign(f)) => f.call(c),
-        None => {}
     }
 }
 
