@@ -12,7 +12,8 @@ use crate::discipline::late::RetiredQueue;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
 use crate::error::{Error, Result};
 use crate::discipline::srq::SRQ_TOKEN_BASE;
-use crate::verbs::{ibv_wc, CqHandle};
+use crate::verbs::{ibv_wc, BacklogPool, CqHandle};
+pub use crate::verbs::BacklogPoolStats;
 
 /// Counters of a managed CQ (`struct sqd_cq_stats` in C).
 #[repr(C)]
@@ -53,6 +54,9 @@ pub(crate) struct CqShared {
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
+    /// Where the queues whose sends complete here park WRs. Borrowed by a queue with its own state borrowed
+    /// (queue -> pool), never the other way, and never across a callback or a call into another object.
+    pub(crate) pool: RefCell<BacklogPool>,
 }
 
 /// `IBV_EVENT_CQ_ERR`, the one `enum ibv_event_type` value of a CQ (`Cq::on_async_event`).
@@ -138,6 +142,7 @@ impl Cq {
                 polling: Cell::new(false),
                 armed: Cell::new(false),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
+                pool: RefCell::new(BacklogPool::default()),
             }),
         }
     }
@@ -145,6 +150,21 @@ impl Cq {
     /// The lock of a thread-safe CQ (`None` in the default single-threaded mode).
     pub fn lock(&self) -> Option<&Arc<CqLock>> {
         self.shared.lock.as_ref()
+    }
+
+    /// Limits the WRs that the queues whose sends complete on this CQ may park at once, all together, to
+    /// `max_parked` (0: no limit beyond each queue's `backlog_depth`, the default). The CQ's backlog pool then
+    /// holds storage for at most that many WRs of each shape (`max_send_sge`, `max_inline_data`) of its queues,
+    /// instead of the sum of their `backlog_depth`; a WR that finds the limit reached is refused with `EAGAIN`.
+    /// Storage for a higher limit is allocated now (`ENOMEM`: the old limit stays); storage is kept when the
+    /// limit is lowered. Lowering it below the WRs parked now refuses new ones until enough are released.
+    pub fn set_backlog_limit(&self, max_parked: u32) -> Result<()> {
+        self.shared.pool.borrow_mut().set_limit(max_parked)
+    }
+
+    /// The state of the CQ's backlog pool.
+    pub fn backlog_pool_stats(&self) -> BacklogPoolStats {
+        self.shared.pool.borrow().stats()
     }
 
     /// Queues attached to this CQ.

@@ -8,7 +8,7 @@ use rdma_sys::{ibv_cq, ibv_wc};
 
 use super::handle::{self, sqd_cq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::cq::{Cq, CqStats};
+use crate::cq::{BacklogPoolStats, Cq, CqStats};
 use crate::verbs::CqHandle;
 use crate::Error;
 
@@ -153,6 +153,49 @@ pub extern "C" fn sqd_cq_stats(cq: *const sqd_cq, out: *mut CqStats) -> i32 {
         let _held = cq.lock().map(|l| l.lock());
         let out = try_mut!(out, "out");
         *out = cq.stats();
+        status(Ok(()))
+    })
+}
+
+/// Limits the WRs that the queues whose sends complete on `cq` may park at once, all together, to `max_parked`
+/// (0, the default: no limit but each queue's own `backlog_depth`).
+///
+/// WRs a queue accepts while its SQ has no credit wait in its backlog (`sqd_queue_attr.backlog_depth`), but
+/// their copies (WR, SGE list, inline data) are kept in a pool shared by the queues of their send CQ. Without a
+/// limit the pool holds room for every queue's whole backlog: a queue's creation adds the room the pool lacks
+/// for `backlog_depth` more WRs of its shape (`max_send_sge`, `max_inline_data`), counted in its
+/// `sqd_queue_stats.bytes`. With a limit,
+/// the pool holds room for at most `max_parked` WRs of each shape of its queues, so queues with deep backlogs
+/// cost little memory each (the first queue of a shape makes the pool grow, later ones do not), and a WR
+/// that would park while `max_parked` WRs are parked on the CQ is refused with `-EAGAIN` and a message in
+/// `sqd_last_error()` (as when its own backlog is full: `*bad_wr` at it, it and the WRs after it not accepted);
+/// it can be posted again once releases have moved parked WRs to their SQs. Each queue's `backlog_depth`
+/// stays its own cap. The pool's state is in `sqd_cq_backlog_pool_stats`.
+///
+/// May be called at any time. Room for a higher limit is allocated in this call; room is kept when the limit is
+/// lowered (for later queues), and freed when the last queue of its shape is freed; a limit below the WRs
+/// parked now refuses new ones until enough are released. Parking a WR and posting parked WRs never allocate.
+///
+/// Returns 0, or `-EINVAL` (NULL `cq`), `-ENOMEM` (the room could not be allocated; the previous limit stays,
+/// and `sqd_last_error()` names the bytes).
+#[no_mangle]
+pub extern "C" fn sqd_cq_set_backlog_limit(cq: *mut sqd_cq, max_parked: u32) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        status(cq.set_backlog_limit(max_parked))
+    })
+}
+
+/// Copies the state of the CQ's backlog pool (where the queues whose sends complete on it park WRs) into
+/// `*out`. Returns 0 or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_cq_backlog_pool_stats(cq: *const sqd_cq, out: *mut BacklogPoolStats) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        let out = try_mut!(out, "out");
+        *out = cq.backlog_pool_stats();
         status(Ok(()))
     })
 }

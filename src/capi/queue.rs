@@ -48,7 +48,9 @@ pub struct QueueAttr {
     /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
     pub signal_interval: u32,
     /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
-    /// with `-EAGAIN`. At most 1048576. The backlog's storage is allocated here, once.
+    /// with `-EAGAIN`. At most 1048576. The copies of the waiting WRs are kept in the send CQ's backlog pool,
+    /// shared by the queues whose sends complete on it (see `sqd_cq_set_backlog_limit`); this depth is the
+    /// queue's own cap.
     pub backlog_depth: u32,
     /// Called once per accepted WR (and receive), in post order, when its resources may be reused. May be NULL.
     pub release: ReleaseFn,
@@ -72,11 +74,13 @@ pub struct QueueAttr {
 /// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
 /// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
-/// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
-/// backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
-/// `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
-/// limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
-/// `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+/// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with
+/// `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Parked WRs are
+/// kept in the send CQ's backlog pool: when the pool lacks room for `backlog_depth` more WRs of this queue's
+/// shape (room for `max_send_sge` SGEs and `max_inline_data` bytes each) and no limit set by
+/// `sqd_cq_set_backlog_limit` stops it, the pool grows here by what it lacks, and the queue's `bytes` count
+/// that growth. Large depths and limits together can ask for gigabytes: when an allocation fails it returns
+/// `-ENOMEM`, and `sqd_last_error()` names the bytes that could not be allocated.
 ///
 /// Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
 /// a time, the one that uses the queue's CQs.
@@ -187,7 +191,8 @@ pub extern "C" fn sqd_queue_free(q: *mut sqd_queue) -> i32 {
 /// opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
 /// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
 /// do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
-/// `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+/// `bind_mw.mw`), `-EAGAIN` (no SQ slot, and the backlog is full or disabled, or the send CQ's backlog pool is
+/// at its limit, `sqd_cq_set_backlog_limit`), `-EIO` (the queue failed or is
 /// draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
 /// is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
 ///
@@ -359,7 +364,8 @@ pub extern "C" fn sqd_queue_stats(q: *const sqd_queue, out: *mut QueueStats) -> 
 /// state allocates nothing.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
-/// (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+/// (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
+/// pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
 /// nothing is posted and `done` is not called).
 #[no_mangle]
 pub extern "C" fn sqd_invalidate(q: *mut sqd_queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {

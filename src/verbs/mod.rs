@@ -9,6 +9,7 @@ mod callback;
 pub mod control;
 mod cq;
 pub mod device;
+mod pool;
 mod qp;
 mod srq;
 mod staged;
@@ -20,6 +21,7 @@ pub use callback::{ForeignDeferred, ForeignRelease};
 /// own calls ([`device`]): for code that makes SRQs on a ULP's behalf (the SPDK provider).
 pub use control::{create_srq, destroy_srq};
 pub use cq::{CqHandle, NotifyFn, PollFn};
+pub use pool::{BacklogPool, BacklogPoolStats};
 pub use qp::{PostFailure, QpHandle};
 pub use srq::SrqHandle;
 pub use staged::{pump_backlog, StagedWr};
