@@ -38,7 +38,7 @@ if ! grep -q ' U __tsan_func_entry' "$out/nm.txt"; then
 fi
 
 build() { # exe source
-    "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude "$2" c-tests/support/tsan_shim.c \
+    "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude -Ic-tests/support "$2" c-tests/support/tsan_shim.c \
         -o "$1" -L"$out/lib" -lsqdisc -libverbs -lpthread -Wl,-rpath,"$out/lib"
 }
 export TSAN_OPTIONS="exitcode=66 halt_on_error=0"
