@@ -709,23 +709,78 @@ fn closed_error(c: Closed) -> Error {
     }
 }
 
+/// Most WRs posted with one doorbell: longer runs are posted in pieces.
+const MAX_RUN: u32 = 64;
+
+/// WRs admitted for posting and not yet posted: `len` WRs from `first` to `last`, of consecutive sequence
+/// numbers from `seq`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether the
+/// ULP itself asked for IBV_SEND_SIGNALED).
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    first: WrPtr<'a>,
+    last: WrPtr<'a>,
+    seq: u64,
+    len: u32,
+}
+
+/// The checks of a WR, the plain test first and the full ones for the rest; its work-completion opcode.
+#[inline]
+fn check_full(w: WrPtr<'_>, shape: &crate::discipline::check::WrShape, limits: &Limits) -> Result<u8> {
+    if let Some(op) = plain_wc_opcode(shape, limits) {
+        return Ok(op);
+    }
+    check_rest(w, shape, limits)
+}
+
+/// What `plain_wc_opcode` leaves to the full checks (kept out of line: the post loop's common WR never needs it).
+#[cold]
+#[inline(never)]
+fn check_rest(w: WrPtr<'_>, shape: &crate::discipline::check::WrShape, limits: &Limits) -> Result<u8> {
+    let op = check_shape(shape, limits)?;
+    if shape.send_flags & SEND_INLINE != 0 {
+        check_inline(w.total_len(), limits)?;
+    }
+    if is_atomic(shape.opcode) {
+        check_atomic(w.total_len(), w.atomic_remote_addr())?;
+    } else if shape.opcode == WR_BIND_MW {
+        check_bind_mw(w.bind_mw_is_null())?;
+    }
+    Ok(op)
+}
+
+/// The error of a WR that finds no credit and a full backlog.
+#[cold]
+fn backlog_full(send: &SendState<StagedWr>) -> Error {
+    Error::new(
+        libc::EAGAIN,
+        format!(
+            "no SQ credit (sq_depth {}) and the backlog is full (backlog_depth {})",
+            send.depth(),
+            send.backlog_capacity()
+        ),
+    )
+}
+
 /// Restores the WRs of a posted run (`n` WRs from `first`, sequence numbers from `seq`), in one walk: the
 /// ULP's wr_id and send_flags, from the ring slots their admission filled, and the link cut after the run.
 /// The flags differ from the ULP's only by `IBV_SEND_SIGNALED`, added when the policy signaled a WR the ULP
 /// had not asked to be.
-fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: usize, cut: Option<WrPtr<'_>>) {
+fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: u32, cut: Option<WrPtr<'_>>) {
+    let end = seq + n as u64;
     let mut w = first;
-    for k in 0..n as u64 {
-        let slot = send.slot(seq + k);
+    let mut k = seq;
+    loop {
+        let slot = send.slot(k);
         w.set_wr_id(slot.wr_id);
         if slot.flags & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
             w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
         }
-        if k + 1 == n as u64 {
+        k += 1;
+        if k == end {
             w.set_next(cut);
-        } else {
-            w = w.next().expect("run is linked");
+            return;
         }
+        w = w.next().expect("run is linked");
     }
 }
 
@@ -742,126 +797,27 @@ impl QueueShared {
 
     fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         let Some(first) = chain.first() else { return Ok(()) };
-        let mut st = self.state.borrow_mut();
-        let st = &mut *st;
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
         if let Some(c) = st.send.closed() {
             return Err(PostError { error: closed_error(c), bad: first });
         }
-        // The run of WRs to post with one doorbell: consecutive sequence numbers from `run_seq`, starting at
-        // `run_first`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether
-        // the ULP itself asked for IBV_SEND_SIGNALED). Runs longer than `MAX_RUN` are posted in pieces.
-        const MAX_RUN: usize = 64;
-        let mut run_first: Option<WrPtr<'a>> = None;
-        let mut run_last = first;
-        let mut run_seq = 0u64;
-        let mut run_len = 0usize;
-        let mut cur = Some(first);
-        let mut result = Ok(());
-        // Decided once per call: nothing below changes them but this loop's own posts (one credit each) and
+        // Decided once per call: nothing below changes them but this call's own posts (one credit each) and
         // parks (after which `credits` is 0 and every WR goes through `admit`).
-        let mut credits = st.send.postable();
+        let credits = st.send.postable();
         let note = self.verifying || !st.tracked.is_empty();
-        while let Some(w) = cur {
-            let next = w.next();
-            let shape = w.shape();
-            let checked = match plain_wc_opcode(&shape, &self.limits) {
-                Some(op) => Ok(op),
-                None => check_shape(&shape, &self.limits).and_then(|op| {
-                    if shape.send_flags & SEND_INLINE != 0 {
-                        check_inline(w.total_len(), &self.limits)?;
-                    }
-                    if is_atomic(shape.opcode) {
-                        check_atomic(w.total_len(), w.atomic_remote_addr())?;
-                    } else if shape.opcode == WR_BIND_MW {
-                        check_bind_mw(w.bind_mw_is_null())?;
-                    }
-                    Ok(op)
-                }),
-            };
-            let op = match checked {
-                Ok(op) => op,
-                Err(e) => {
-                    result = Err(PostError { error: e, bad: w });
-                    break;
-                }
-            };
-            let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            if run_len == MAX_RUN {
-                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_last, run_seq, run_len, Some(w)) {
-                    result = Err(e);
-                    break;
-                }
-                run_len = 0;
+        let result = if credits > 0 && !note {
+            // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
+            // with one doorbell; whatever is left goes through the general loop, in the same run.
+            let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN));
+            let run = Run { first, last, seq, len: n };
+            match next {
+                None => self.flush_run(st, run, None),
+                Some(w) => self.post_general(st, w, run, credits - n, note),
             }
-            let admitted = if credits > 0 {
-                let (seq, signaled) = st.send.admit_posted(w.wr_id(), op, ulp_signaled, credits);
-                credits -= 1;
-                Admit::Post { seq, signaled }
-            } else {
-                st.send.admit(w.wr_id(), op, ulp_signaled)
-            };
-            match admitted {
-                Admit::Post { seq, signaled } => {
-                    if note {
-                        st.note_accepted(w, shape.send_flags);
-                    }
-                    // `run_first` is set exactly while `run_len > 0`; the count is the cheaper test.
-                    if run_len == 0 {
-                        run_first = Some(w);
-                        run_seq = seq;
-                    }
-                    run_len += 1;
-                    run_last = w;
-                    w.set_wr_id(Token::from_base(self.send_token, seq).0);
-                    if signaled && !ulp_signaled {
-                        w.set_send_flags(shape.send_flags | SEND_SIGNALED);
-                    }
-                }
-                Admit::Park => {
-                    if let Some(f) = run_first.take() {
-                        if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, Some(w)) {
-                            result = Err(e);
-                            run_len = 0;
-                            break;
-                        }
-                        run_len = 0;
-                    }
-                    st.send.backlog_vacant().stage_from(w, op);
-                    st.send.commit_park();
-                    credits = 0;
-                    if note {
-                        st.note_accepted(w, shape.send_flags);
-                    }
-                }
-                Admit::Full => {
-                    result = Err(PostError {
-                        error: Error::new(
-                            libc::EAGAIN,
-                            format!(
-                                "no SQ credit (sq_depth {}) and the backlog is full (backlog_depth {})",
-                                st.send.depth(),
-                                st.send.backlog_capacity()
-                            ),
-                        ),
-                        bad: w,
-                    });
-                    break;
-                }
-            }
-            cur = next;
-        }
-        if let Some(f) = run_first.take() {
-            if run_len > 0 {
-                // The run ends before `cur` (the WR that stopped the loop, or the end of the chain).
-                let cut = match &result {
-                    Err(e) => Some(e.bad),
-                    Ok(()) => None,
-                };
-                if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, cut) {
-                    result = Err(e);
-                }
-            }
-        }
+        } else {
+            self.post_general(st, first, Run { first, last: first, seq: 0, len: 0 }, credits, note)
+        };
         if st.send.has_unsignaled_tail() {
             // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
             if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
@@ -876,17 +832,154 @@ impl QueueShared {
         result
     }
 
-    /// Posts `n` WRs from `first` to `last` (the run, sequence numbers from `seq`), whose successor in the
-    /// ULP's chain is `cut`.
-    fn flush_run<'a>(
+    /// The post loop for every WR from `from` on, continuing `run` (the WRs admitted before it and not yet
+    /// posted) with `credits` free slots left: plain WRs in bulk, the others one by one through the full checks,
+    /// `admit` and the backlog; each run posted with one doorbell.
+    #[inline(never)]
+    fn post_general<'a>(
         &self,
         st: &mut QueueState,
-        first: WrPtr<'a>,
-        last: WrPtr<'a>,
-        seq: u64,
-        n: usize,
-        cut: Option<WrPtr<'a>>,
+        from: WrPtr<'a>,
+        mut run: Run<'a>,
+        mut credits: u32,
+        note: bool,
     ) -> std::result::Result<(), PostError<'a>> {
+        let mut cur = Some(from);
+        let mut result = Ok(());
+        while let Some(w) = cur {
+            if run.len == MAX_RUN {
+                let full = std::mem::replace(&mut run.len, 0);
+                if let Err(e) = self.flush_run(st, Run { len: full, ..run }, Some(w)) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if credits > 0 && !note {
+                // Plain WRs in bulk while credits and the run's room last.
+                let room = credits.min(MAX_RUN - run.len);
+                let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room);
+                if n > 0 {
+                    if run.len == 0 {
+                        run.first = w;
+                        run.seq = seq;
+                    }
+                    run.len += n;
+                    run.last = last;
+                    credits -= n;
+                    cur = next;
+                    continue;
+                }
+                // `w` needs more than the plain checks: the general step below.
+            }
+            let next = w.next();
+            let shape = w.shape();
+            let op = match check_full(w, &shape, &self.limits) {
+                Ok(op) => op,
+                Err(e) => {
+                    result = Err(PostError { error: e, bad: w });
+                    break;
+                }
+            };
+            let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
+            let admitted = if credits > 0 {
+                let (seq, signaled) = st.send.admit_posted(w.wr_id(), op, ulp_signaled, credits);
+                credits -= 1;
+                Admit::Post { seq, signaled }
+            } else {
+                st.send.admit(w.wr_id(), op, ulp_signaled)
+            };
+            match admitted {
+                Admit::Post { seq, signaled } => {
+                    if note {
+                        st.note_accepted(w, shape.send_flags);
+                    }
+                    if run.len == 0 {
+                        run.first = w;
+                        run.seq = seq;
+                    }
+                    run.len += 1;
+                    run.last = w;
+                    w.set_wr_id(Token::from_base(self.send_token, seq).0);
+                    if signaled && !ulp_signaled {
+                        w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                    }
+                }
+                Admit::Park => {
+                    if run.len > 0 {
+                        let full = std::mem::replace(&mut run.len, 0);
+                        if let Err(e) = self.flush_run(st, Run { len: full, ..run }, Some(w)) {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                    st.send.backlog_vacant().stage_from(w, op);
+                    st.send.commit_park();
+                    credits = 0;
+                    if note {
+                        st.note_accepted(w, shape.send_flags);
+                    }
+                }
+                Admit::Full => {
+                    result = Err(PostError { error: backlog_full(&st.send), bad: w });
+                    break;
+                }
+            }
+            cur = next;
+        }
+        if run.len > 0 {
+            // The run ends before `cur` (the WR that stopped the loop, or the end of the chain).
+            let cut = match &result {
+                Err(e) => Some(e.bad),
+                Ok(()) => None,
+            };
+            if let Err(e) = self.flush_run(st, run, cut) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Admits plain WRs (`plain_wc_opcode`) from `first` while `room` (at most `credits`, the SQ's free slots)
+    /// lasts: each gets its token and, when the policy signals it, `IBV_SEND_SIGNALED`. Stops at the end of the
+    /// chain, after `room` WRs, or at a WR that needs the full checks. Returns how many it admitted, the first
+    /// one's sequence number, the last one admitted and the WR after it.
+    #[inline(always)]
+    fn admit_plain<'a>(
+        &self,
+        send: &mut SendState<StagedWr>,
+        first: WrPtr<'a>,
+        credits: u32,
+        room: u32,
+    ) -> (u32, u64, WrPtr<'a>, Option<WrPtr<'a>>) {
+        let mut a = send.admission(credits);
+        let seq = a.next_seq();
+        let mut w = first;
+        let mut last = first;
+        let mut n = 0;
+        let next = loop {
+            let shape = w.shape();
+            let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
+            let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
+            let (s, signaled) = a.push(w.wr_id(), op, ulp_signaled);
+            w.set_wr_id(Token::from_base(self.send_token, s).0);
+            if signaled & !ulp_signaled {
+                w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+            }
+            n += 1;
+            last = w;
+            match w.next() {
+                Some(x) if n < room => w = x,
+                other => break other,
+            }
+        };
+        let done = a.end();
+        send.admitted(done);
+        (n, seq, last, next)
+    }
+
+    /// Posts `run` (whose successor in the ULP's chain is `cut`) with one doorbell, then restores its WRs.
+    fn flush_run<'a>(&self, st: &mut QueueState, run: Run<'a>, cut: Option<WrPtr<'a>>) -> std::result::Result<(), PostError<'a>> {
+        let Run { first, last, seq, len: n } = run;
         last.set_next(None);
         let r = self.qp.post_chain(first);
         st.doorbells += 1;
@@ -894,7 +987,7 @@ impl QueueShared {
         match r {
             Ok(()) => Ok(()),
             Err(f) => {
-                st.send.rollback((n - f.posted) as u64, true);
+                st.send.rollback(n as u64 - f.posted as u64, true);
                 st.forget_refused();
                 let mut bad = first;
                 for _ in 0..f.posted {

@@ -241,6 +241,30 @@ impl<T: Parked> SendState<T> {
         }
     }
 
+    /// A bulk admission of WRs the caller knows can be posted: the fast form of `admit_posted`, for the WRs of
+    /// one post call while `credits` (`postable()`, at least 1) last. The slots, the signal policy and the
+    /// counters are kept in locals until `admitted` stores them once. Nothing else may change the SQ meanwhile.
+    #[inline]
+    pub fn admission(&mut self, credits: u32) -> Admission<'_> {
+        debug_assert!(credits > 0 && credits == self.credits() && self.backlog.is_empty());
+        let run = self.policy.run();
+        let interval = self.policy.interval();
+        let (slots, mask, head) = self.ring.storage();
+        Admission { slots, mask, head, start: head, last: head + credits as u64 - 1, run, interval, by_ulp: 0, by_policy: 0 }
+    }
+
+    /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
+    #[inline]
+    pub fn admitted(&mut self, a: Admitted) {
+        let n = a.head - a.start;
+        self.ring.set_head(a.head);
+        self.accepted += n;
+        self.counters.wqes += n;
+        self.counters.signaled_by_ulp += a.by_ulp;
+        self.counters.signaled_by_policy += a.by_policy;
+        self.policy.set_run(a.run);
+    }
+
     /// Like `admit`, for a library operation: always signaled (its own completion is what it reports), never
     /// shown by poll.
     pub fn admit_op(&mut self, op_id: u64, wc_opcode: u8) -> Admit {
@@ -531,6 +555,61 @@ impl<T: Parked> SendState<T> {
             return Some(r);
         }
         None
+    }
+}
+
+/// WRs being admitted for posting in bulk (`SendState::admission`): each `push` decides the signal and fills
+/// the next slot as `admit_posted` would, with the state in locals.
+pub struct Admission<'s> {
+    slots: &'s mut [Slot],
+    mask: u64,
+    head: u64,
+    start: u64,
+    /// The sequence number that takes the last free slot: it is signaled.
+    last: u64,
+    run: u32,
+    interval: u32,
+    by_ulp: u64,
+    by_policy: u64,
+}
+
+/// The outcome of an `Admission`, for `SendState::admitted`.
+pub struct Admitted {
+    head: u64,
+    start: u64,
+    run: u32,
+    by_ulp: u64,
+    by_policy: u64,
+}
+
+impl Admission<'_> {
+    /// Admits the next WR: its sequence number and whether it is signaled (the ULP asked, the unsignaled run
+    /// reached the interval, or it takes the last free slot). At most `credits` of `admission` per admission.
+    #[inline]
+    pub fn push(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> (u64, bool) {
+        debug_assert!(self.head <= self.last);
+        let seq = self.head;
+        let run = self.run + 1;
+        // `|`, not `||`, as in `SignalPolicy::decide`.
+        let signaled = ulp_signaled | (seq == self.last) | (run >= self.interval);
+        self.run = if signaled { 0 } else { run };
+        let flags = (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | (u8::from(signaled) * Slot::SIGNALED);
+        self.slots[(seq & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
+        self.by_ulp += u64::from(ulp_signaled);
+        self.by_policy += u64::from(signaled & !ulp_signaled);
+        self.head = seq + 1;
+        (seq, signaled)
+    }
+
+    /// The sequence number the next `push` gets.
+    #[inline]
+    pub fn next_seq(&self) -> u64 {
+        self.head
+    }
+
+    #[inline]
+    pub fn end(self) -> Admitted {
+        Admitted { head: self.head, start: self.start, run: self.run, by_ulp: self.by_ulp, by_policy: self.by_policy }
     }
 }
 
