@@ -163,6 +163,20 @@ impl SlotRing {
         }
     }
 
+    /// Takes the oldest complete, unreleased slot unless it has one of the `skip` flags (then it stays).
+    #[inline]
+    pub fn pop_done_without(&mut self, skip: u8) -> Option<Slot> {
+        if self.tail == self.done {
+            return None;
+        }
+        let slot = *self.get(self.tail);
+        if slot.flags & skip != 0 {
+            return None;
+        }
+        self.tail += 1;
+        Some(slot)
+    }
+
     /// Takes the oldest complete, unreleased slot.
     #[inline]
     pub fn pop_done(&mut self) -> Option<(u64, Slot)> {

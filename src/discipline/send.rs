@@ -502,6 +502,19 @@ impl<T: Parked> SendState<T> {
         None
     }
 
+    /// The next release if it is the common one: a posted WR of the ULP's (not a marker, not a library
+    /// operation), with `released` still below `limit` (the first barrier's target: a barrier due comes first).
+    /// `None` leaves everything as it was, for `pop_posted` and `next_release` to decide.
+    #[inline]
+    pub fn pop_plain(&mut self, limit: u64) -> Option<Slot> {
+        if self.released >= limit {
+            return None;
+        }
+        let slot = self.ring.pop_done_without(Slot::INTERNAL | Slot::OP)?;
+        self.released += 1;
+        Some(slot)
+    }
+
     /// The next release, in post order, if one is due.
     #[inline]
     pub fn next_release(&mut self) -> Option<Release> {
@@ -639,6 +652,11 @@ impl<D> Barriers<D> {
         let at = self.waiting.iter().rposition(|(t, _)| *t <= target).map_or(0, |i| i + 1);
         self.waiting.insert(at, (target, action));
         self.first_target = self.waiting.front().map_or(u64::MAX, |e| e.0);
+    }
+    /// The oldest action's target (`u64::MAX` when none waits).
+    #[inline]
+    pub fn first_target(&self) -> u64 {
+        self.first_target
     }
     /// Whether an action's target `released` has reached (`pop_ready` then returns it).
     #[inline]
