@@ -250,7 +250,7 @@ impl<T: Parked> SendState<T> {
         let run = self.policy.run();
         let interval = self.policy.interval();
         let (slots, mask, head) = self.ring.storage();
-        Admission { slots, mask, head, start: head, last: head + credits as u64 - 1, run, interval, by_ulp: 0, by_policy: 0 }
+        Admission::new(slots, mask, head, credits, run, interval)
     }
 
     /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
@@ -573,15 +573,21 @@ impl<T: Parked> SendState<T> {
 
 /// WRs being admitted for posting in bulk (`SendState::admission`): each `push` decides the signal and fills
 /// the next slot as `admit_posted` would, with the state in locals.
+///
+/// The policy's decision is kept as the sequence number of the next WR it signals (`next_signal`: the one that
+/// completes the interval, or the one that takes the last free slot, whichever comes first), so a WR costs one
+/// compare; the counters change only at a signaled WR.
 pub struct Admission<'s> {
     slots: &'s mut [Slot],
     mask: u64,
     head: u64,
     start: u64,
+    next_signal: u64,
     /// The sequence number that takes the last free slot: it is signaled.
     last: u64,
-    run: u32,
-    interval: u32,
+    interval: u64,
+    /// The newest signaled WR of this admission (`start - 1 - run` before the first): the run ends at it.
+    last_signaled: u64,
     by_ulp: u64,
     by_policy: u64,
 }
@@ -596,22 +602,48 @@ pub struct Admitted {
 }
 
 impl Admission<'_> {
+    fn new(slots: &mut [Slot], mask: u64, head: u64, credits: u32, run: u32, interval: u32) -> Admission<'_> {
+        let last = head + credits as u64 - 1;
+        let interval = interval as u64;
+        // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`.
+        let by_interval = head + interval.saturating_sub(run as u64 + 1);
+        Admission {
+            slots,
+            mask,
+            head,
+            start: head,
+            next_signal: by_interval.min(last),
+            last,
+            interval,
+            last_signaled: head.wrapping_sub(run as u64 + 1),
+            by_ulp: 0,
+            by_policy: 0,
+        }
+    }
+
     /// Admits the next WR: its sequence number and whether it is signaled (the ULP asked, the unsignaled run
     /// reached the interval, or it takes the last free slot). At most `credits` of `admission` per admission.
     #[inline]
     pub fn push(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> (u64, bool) {
         debug_assert!(self.head <= self.last);
         let seq = self.head;
-        let run = self.run + 1;
-        // `|`, not `||`, as in `SignalPolicy::decide`.
-        let signaled = ulp_signaled | (seq == self.last) | (run >= self.interval);
-        self.run = if signaled { 0 } else { run };
-        let flags = (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | (u8::from(signaled) * Slot::SIGNALED);
+        let signaled = ulp_signaled | (seq == self.next_signal);
+        if signaled {
+            self.signaled(seq, ulp_signaled);
+        }
+        let flags = u8::from(ulp_signaled) * Slot::ULP_SIGNALED | u8::from(signaled) * Slot::SIGNALED;
         self.slots[(seq & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
-        self.by_ulp += u64::from(ulp_signaled);
-        self.by_policy += u64::from(signaled & !ulp_signaled);
         self.head = seq + 1;
         (seq, signaled)
+    }
+
+    /// `seq` is signaled: the run restarts after it.
+    #[inline]
+    fn signaled(&mut self, seq: u64, ulp_signaled: bool) {
+        self.last_signaled = seq;
+        self.next_signal = (seq + self.interval).min(self.last);
+        self.by_ulp += u64::from(ulp_signaled);
+        self.by_policy += u64::from(!ulp_signaled);
     }
 
     /// The sequence number the next `push` gets.
@@ -622,7 +654,8 @@ impl Admission<'_> {
 
     #[inline]
     pub fn end(self) -> Admitted {
-        Admitted { head: self.head, start: self.start, run: self.run, by_ulp: self.by_ulp, by_policy: self.by_policy }
+        let run = self.head.wrapping_sub(self.last_signaled.wrapping_add(1)) as u32;
+        Admitted { head: self.head, start: self.start, run, by_ulp: self.by_ulp, by_policy: self.by_policy }
     }
 }
 
@@ -684,6 +717,67 @@ impl<D> Barriers<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct NoParked;
+    impl Parked for NoParked {
+        fn wr_id(&self) -> u64 {
+            0
+        }
+        fn wc_opcode(&self) -> u8 {
+            0
+        }
+        fn ulp_signaled(&self) -> bool {
+            false
+        }
+        fn is_op(&self) -> bool {
+            false
+        }
+    }
+
+    /// A bulk admission decides every signal, fills every slot and counts as `admit_posted` one WR at a time,
+    /// across post calls of every size, with ULP-signaled WRs mixed in and the SQ filling up.
+    #[test]
+    fn admission_agrees_with_admit_posted() {
+        for (depth, interval) in [(8, 3), (16, 4), (5, 5), (4, 1), (128, 32)] {
+            let new = || SendState::<NoParked>::new(depth, interval, Backlog::new(0, || Ok(NoParked)).unwrap()).unwrap();
+            let (mut one, mut bulk) = (new(), new());
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+            for call in 0..400u64 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let credits = one.postable();
+                assert_eq!(credits, bulk.postable());
+                if credits == 0 || rng % 5 == 0 {
+                    // Complete and release everything posted so far, in both.
+                    for st in [&mut one, &mut bulk] {
+                        if st.ring.in_provider() > 0 {
+                            let newest = st.ring.head() - 1;
+                            st.ring.complete_through(newest, 0, 0);
+                        }
+                        while st.pop_posted().is_some() {}
+                    }
+                    continue;
+                }
+                let n = 1 + (rng >> 8) as u32 % credits;
+                let mut a = bulk.admission(credits);
+                for k in 0..n {
+                    let ulp = (rng >> (16 + k % 40)) & 7 == 0;
+                    let wr_id = call * 1000 + k as u64;
+                    let want = one.admit_posted(wr_id, 3, ulp, credits - k);
+                    assert_eq!(a.push(wr_id, 3, ulp), want, "depth {depth} interval {interval} call {call} WR {k}");
+                }
+                let done = a.end();
+                bulk.admitted(done);
+                assert_eq!(bulk.counters, one.counters);
+                assert_eq!((bulk.accepted, bulk.has_unsignaled_tail()), (one.accepted, one.has_unsignaled_tail()));
+                assert_eq!(bulk.policy.run(), one.policy.run());
+                for seq in one.ring.tail()..one.ring.head() {
+                    assert_eq!(bulk.slot(seq), one.slot(seq));
+                }
+            }
+        }
+    }
 
     #[test]
     fn barriers_run_in_target_order_stable_among_equals() {
