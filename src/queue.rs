@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
-use crate::verbs::{pump_backlog, ForeignDeferred, ForeignRelease, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
+use crate::verbs::{pump_backlog, ForeignDeferred, ForeignRelease, PostFailure, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
 
 /// Largest depth (SQ, RQ or backlog) a queue accepts.
 pub const MAX_DEPTH: u32 = 1 << 20;
@@ -812,7 +812,10 @@ impl QueueShared {
             let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN));
             let run = Run { first, last, seq, len: n };
             match next {
-                None => self.flush_run(st, run, None),
+                None => match self.post_run(st, run, None) {
+                    Ok(()) => Ok(()),
+                    Err(f) => Err(self.run_refused(st, run, f)),
+                },
                 Some(w) => self.post_general(st, w, run, credits - n, note),
             }
         } else {
@@ -979,26 +982,33 @@ impl QueueShared {
 
     /// Posts `run` (whose successor in the ULP's chain is `cut`) with one doorbell, then restores its WRs.
     fn flush_run<'a>(&self, st: &mut QueueState, run: Run<'a>, cut: Option<WrPtr<'a>>) -> std::result::Result<(), PostError<'a>> {
-        let Run { first, last, seq, len: n } = run;
-        last.set_next(None);
-        let r = self.qp.post_chain(first);
-        st.doorbells += 1;
-        restore_run(&st.send, first, seq, n, cut);
-        match r {
+        match self.post_run(st, run, cut) {
             Ok(()) => Ok(()),
-            Err(f) => {
-                st.send.rollback(n as u64 - f.posted as u64, true);
-                st.forget_refused();
-                let mut bad = first;
-                for _ in 0..f.posted {
-                    bad = bad.next().expect("run is linked");
-                }
-                Err(PostError {
-                    error: Error::new(f.errno, format!("the provider's post_send failed (errno {})", f.errno)),
-                    bad,
-                })
-            }
+            Err(f) => Err(self.run_refused(st, run, f)),
         }
+    }
+
+    /// `flush_run` without the error's description: the common case, inlined into the post path.
+    #[inline(always)]
+    fn post_run(&self, st: &mut QueueState, run: Run<'_>, cut: Option<WrPtr<'_>>) -> std::result::Result<(), PostFailure> {
+        run.last.set_next(None);
+        let r = self.qp.post_chain(run.first);
+        st.doorbells += 1;
+        restore_run(&st.send, run.first, run.seq, run.len, cut);
+        r
+    }
+
+    /// The provider took only `f.posted` WRs of `run`: the rest are not accepted; the error names the first.
+    #[cold]
+    #[inline(never)]
+    fn run_refused<'a>(&self, st: &mut QueueState, run: Run<'a>, f: PostFailure) -> PostError<'a> {
+        st.send.rollback(run.len as u64 - f.posted as u64, true);
+        st.forget_refused();
+        let mut bad = run.first;
+        for _ in 0..f.posted {
+            bad = bad.next().expect("run is linked");
+        }
+        PostError { error: Error::new(f.errno, format!("the provider's post_send failed (errno {})", f.errno)), bad }
     }
 
     fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
