@@ -54,6 +54,14 @@ pub(crate) struct CqShared {
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
+    /// Poll cycles: bumped at the end of every idle-tail pass. A queue remembers the cycle in which it last left
+    /// an unsignaled tail (`QueueShared::tail_left`), so that the pass needs no per-queue flag reset.
+    cycle: Cell<u64>,
+    /// Entries in `CqState::watch` (kept here so that the end of a poll reads it without a borrow).
+    watching: Cell<u32>,
+    /// Watched queues that left a tail in this cycle, each counted once (at most `watching`; 0 when unsure, which
+    /// only costs a pass). When it equals `watching` no watched queue can be idle: the pass is skipped.
+    posted: Cell<u32>,
 }
 
 /// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
@@ -133,6 +141,9 @@ impl Cq {
                 counts: Counts::default(),
                 polling: Cell::new(false),
                 armed: Cell::new(false),
+                cycle: Cell::new(0),
+                watching: Cell::new(0),
+                posted: Cell::new(0),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
             }),
         }
@@ -335,11 +346,27 @@ impl CqShared {
         st.free.push(index);
         st.budget.release(need);
         st.watch.retain(|&i| i != index);
+        self.watching.set(st.watch.len() as u32);
+        // The queue may have been counted in `posted`: the next pass checks every queue.
+        self.posted.set(0);
     }
 
     /// Asks the next poll to check this queue's tail.
     pub(crate) fn watch(&self, index: u32) {
         self.state.borrow_mut().watch.push(index);
+        self.watching.set(self.watching.get() + 1);
+    }
+
+    /// The current poll cycle (see `cycle`).
+    #[inline]
+    pub(crate) fn cycle(&self) -> u64 {
+        self.cycle.get()
+    }
+
+    /// A watched queue left a tail for the first time in this cycle.
+    #[inline]
+    pub(crate) fn note_posted(&self) {
+        self.posted.set(self.posted.get() + 1);
     }
 
     fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<QueueShared>> {
@@ -476,17 +503,32 @@ impl CqShared {
     }
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:
-    /// every watched queue's tail, posted to recently or not).
+    /// every watched queue's tail, posted to recently or not), and starts the next cycle.
+    #[inline]
+    fn cover_idle_tails(&self, now: bool) {
+        // The common end of a poll: every watched queue (or none) was posted to in this cycle, so none is idle.
+        if !now && self.posted.get() == self.watching.get() {
+            self.next_cycle();
+            return;
+        }
+        self.check_watched(now);
+    }
+
+    #[inline]
+    fn next_cycle(&self) {
+        self.cycle.set(self.cycle.get() + 1);
+        self.posted.set(0);
+    }
+
+    /// The pass of `cover_idle_tails` over the watched queues.
     ///
     /// One pass in place under the CQ's borrow: neither `check_idle_tail` nor the marker it may post comes
     /// back to this CQ (a marker only calls the provider, which never calls out), and no callback runs here.
-    #[inline]
-    fn cover_idle_tails(&self, now: bool) {
+    #[inline(never)]
+    fn check_watched(&self, now: bool) {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
-        if st.watch.is_empty() {
-            return;
-        }
+        let cycle = self.cycle.get();
         let mut markers = 0;
         // Compacts the list in order, keeping the queues that still wait. A queue is in the list at most once:
         // it tracks that itself.
@@ -494,7 +536,7 @@ impl CqShared {
         for i in 0..st.watch.len() {
             let index = st.watch[i];
             let keep = match st.table.get(index as usize) {
-                Some(Some(q)) => match q.check_idle_tail(now) {
+                Some(Some(q)) => match q.check_idle_tail(now, cycle) {
                     IdleCheck::KeepWatching => true,
                     IdleCheck::Covered(m) => {
                         markers += m as u64;
@@ -511,7 +553,9 @@ impl CqShared {
             }
         }
         st.watch.truncate(kept);
+        self.watching.set(kept as u32);
         st.stats.tail_markers += markers;
+        self.next_cycle();
     }
 }
 

@@ -224,9 +224,10 @@ pub(crate) struct QueueShared {
     send_need: u64,
     recv_need: u64,
     state: RefCell<QueueState>,
-    /// A post (or a pump) left an unsignaled tail since the send CQ's last poll: its idle-tail check waits.
-    /// Cells, so that the check at the end of every poll takes no borrow.
-    posted_since_poll: Cell<bool>,
+    /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
+    /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
+    /// takes no borrow.
+    posted_cycle: Cell<u64>,
     /// The queue is in its send CQ's watch list.
     watched: Cell<bool>,
     releasing: Cell<bool>,
@@ -493,7 +494,7 @@ impl Queue {
                 doorbells: 0,
                 last_refusal: None,
             }),
-            posted_since_poll: Cell::new(false),
+            posted_cycle: Cell::new(u64::MAX),
             watched: Cell::new(false),
             releasing: Cell::new(false),
             release,
@@ -826,13 +827,24 @@ impl QueueShared {
             if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
                 return result;
             }
-            self.posted_since_poll.set(true);
-            if !self.watched.get() {
-                self.watched.set(true);
-                self.send_cq.watch(self.send_index);
-            }
+            self.tail_left();
         }
         result
+    }
+
+    /// A post or a pump left an unsignaled tail: the end of the send CQ's next poll leaves it be (more posts may
+    /// come), and the one after covers it with a marker unless the queue was posted to again.
+    #[inline]
+    fn tail_left(&self) {
+        if !self.watched.get() {
+            self.watched.set(true);
+            self.send_cq.watch(self.send_index);
+        }
+        let cycle = self.send_cq.cycle();
+        if self.posted_cycle.get() != cycle {
+            self.posted_cycle.set(cycle);
+            self.send_cq.note_posted();
+        }
     }
 
     /// The post loop for every WR from `from` on, continuing `run` (the WRs admitted before it and not yet
@@ -1227,9 +1239,7 @@ impl QueueShared {
                         st.describe_refused_front();
                     }
                     if st.send.has_unsignaled_tail() && !self.watched.get() {
-                        self.watched.set(true);
-                        self.posted_since_poll.set(true);
-                        self.send_cq.watch(self.send_index);
+                        self.tail_left();
                     }
                     // Parked WRs released as never posted, and a parked WR the provider refused, become due only
                     // when the ring is empty; anything else due now was produced by the pump (nothing) or by
@@ -1352,10 +1362,9 @@ impl QueueShared {
         }
     }
 
-    /// Called at the end of a poll of the send CQ while this queue is watched.
-    pub(crate) fn check_idle_tail(&self, now: bool) -> IdleCheck {
-        if self.posted_since_poll.get() && !now {
-            self.posted_since_poll.set(false);
+    /// Called at the end of a poll of the send CQ (cycle `cycle`) while this queue is watched.
+    pub(crate) fn check_idle_tail(&self, now: bool, cycle: u64) -> IdleCheck {
+        if self.posted_cycle.get() == cycle && !now {
             return IdleCheck::KeepWatching;
         }
         match self.cover_idle_tail() {
