@@ -384,19 +384,37 @@ impl CqShared {
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         bump(&self.counts.polls, 1);
+        // The common poll finds the CQ empty: one provider call, no reaping.
+        let kept = if out.is_empty() {
+            0
+        } else {
+            match self.handle.poll(out)? {
+                0 => {
+                    bump(&self.counts.empty_polls, 1);
+                    0
+                }
+                n => self.reap_batches(out, n)?,
+            }
+        };
+        self.cover_idle_tails(false);
+        bump(&self.counts.visible, kept as u64);
+        Ok(kept)
+    }
+
+    /// The reaping loop of `poll`, after the provider's first call put `first` CQEs in `out`: processes them,
+    /// then polls again while the CQ fills the caller's room. Returns how many entries of `out` are kept.
+    #[inline(never)]
+    fn reap_batches(&self, out: &mut [ibv_wc], first: usize) -> Result<usize> {
         let mut kept = 0;
+        let mut n = first;
         // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
         // reaped, and hidden CQEs fill no room in `out`, so without a limit one call could run forever. The
         // limit is a full CQ beyond `out`: every CQE present when the call began is reaped first (a CQ
         // completes in order and holds at most its capacity), so a 0 from `arm` still means nothing was missed.
         let mut reaped = 0usize;
         let mut limit = usize::MAX;
-        while kept < out.len() {
+        loop {
             let room = out.len() - kept;
-            if reaped >= limit {
-                break;
-            }
-            let n = self.handle.poll(&mut out[kept..])?;
             reaped += n;
             let mut w = kept;
             for i in kept..kept + n {
@@ -425,9 +443,11 @@ impl CqShared {
             if limit == usize::MAX {
                 limit = self.state.borrow().budget.capacity() as usize + out.len();
             }
+            if kept >= out.len() || reaped >= limit {
+                break;
+            }
+            n = self.handle.poll(&mut out[kept..])?;
         }
-        self.cover_idle_tails(false);
-        bump(&self.counts.visible, kept as u64);
         Ok(kept)
     }
 
