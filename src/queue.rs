@@ -966,28 +966,27 @@ impl QueueShared {
         credits: u32,
         room: u32,
     ) -> (u32, u64, WrPtr<'a>, Option<WrPtr<'a>>) {
-        let mut a = send.admission(credits);
-        let seq = a.next_seq();
+        let mut a = send.admission(credits, room, self.send_token);
+        let seq = a.start_seq();
         let mut w = first;
         let mut last = first;
-        let mut n = 0;
         let next = loop {
             let shape = w.shape();
             let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            let (s, signaled) = a.push(w.wr_id(), op, ulp_signaled);
-            w.set_wr_id(Token::from_base(self.send_token, s).0);
+            let (token, signaled) = a.push(w.wr_id(), op, ulp_signaled);
+            w.set_wr_id(token);
             if signaled & !ulp_signaled {
                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
             }
-            n += 1;
             last = w;
             match w.next() {
-                Some(x) if n < room => w = x,
+                Some(x) if !a.is_full() => w = x,
                 other => break other,
             }
         };
         let done = a.end();
+        let n = done.count();
         send.admitted(done);
         (n, seq, last, next)
     }

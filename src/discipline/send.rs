@@ -241,16 +241,36 @@ impl<T: Parked> SendState<T> {
         }
     }
 
-    /// A bulk admission of WRs the caller knows can be posted: the fast form of `admit_posted`, for the WRs of
-    /// one post call while `credits` (`postable()`, at least 1) last. The slots, the signal policy and the
-    /// counters are kept in locals until `admitted` stores them once. Nothing else may change the SQ meanwhile.
+    /// A bulk admission of at most `room` WRs the caller knows can be posted: the fast form of `admit_posted`,
+    /// for the WRs of one post call while `credits` (`postable()`, at least 1, at least `room`) last, with
+    /// tokens from `token_base` (`Token::new(index, Send, 0).0`). The slots, the signal policy and the counters
+    /// are kept in locals until `admitted` stores them once. Nothing else may change the SQ meanwhile. It may
+    /// stop early (`is_full`) where the tokens' sequence field wraps.
     #[inline]
-    pub fn admission(&mut self, credits: u32) -> Admission<'_> {
-        debug_assert!(credits > 0 && credits == self.credits() && self.backlog.is_empty());
-        let run = self.policy.run();
-        let interval = self.policy.interval();
+    pub fn admission(&mut self, credits: u32, room: u32, token_base: u64) -> Admission<'_> {
+        debug_assert!(credits > 0 && credits >= room && credits == self.credits() && self.backlog.is_empty());
+        let run = self.policy.run() as u64;
+        let interval = self.policy.interval() as u64;
         let (slots, mask, head) = self.ring.storage();
-        Admission::new(slots, mask, head, credits, run, interval)
+        let token = Token::from_base(token_base, head).0;
+        let room = (room as u64).min(Token::seqs_before_wrap(head));
+        // Tokens past the wrap are never reached here: `last` and `next_signal` may lie beyond `end`.
+        let last = token.wrapping_add(credits as u64 - 1);
+        Admission {
+            slots,
+            mask,
+            token,
+            start_token: token,
+            start: head,
+            end: token + room,
+            // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`.
+            next_signal: token.wrapping_add(interval.saturating_sub(run + 1)).min(last),
+            last,
+            interval,
+            last_signaled: token.wrapping_sub(run + 1),
+            by_ulp: 0,
+            by_policy: 0,
+        }
     }
 
     /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
@@ -572,21 +592,26 @@ impl<T: Parked> SendState<T> {
 }
 
 /// WRs being admitted for posting in bulk (`SendState::admission`): each `push` decides the signal and fills
-/// the next slot as `admit_posted` would, with the state in locals.
+/// the next slot as `admit_posted` would, with the state in locals, and gives the WR's token.
 ///
-/// The policy's decision is kept as the sequence number of the next WR it signals (`next_signal`: the one that
-/// completes the interval, or the one that takes the last free slot, whichever comes first), so a WR costs one
-/// compare; the counters change only at a signaled WR.
+/// Everything is counted in tokens, which are consecutive integers for consecutive sequence numbers (an
+/// admission stops before the token's sequence field wraps), so one counter serves as the sequence number, the
+/// token and the slot index (`token & mask`: the ring is smaller than the field). The policy's decision is kept
+/// as the token of the next WR it signals (the one that completes the interval, or the one that takes the
+/// last free slot, whichever comes first), so a WR costs one compare; the counters change only at a signaled WR.
 pub struct Admission<'s> {
     slots: &'s mut [Slot],
     mask: u64,
-    head: u64,
+    token: u64,
+    start_token: u64,
     start: u64,
+    /// The token after the last WR this admission may take.
+    end: u64,
     next_signal: u64,
-    /// The sequence number that takes the last free slot: it is signaled.
+    /// The token of the WR that takes the last free slot: it is signaled.
     last: u64,
     interval: u64,
-    /// The newest signaled WR of this admission (`start - 1 - run` before the first): the run ends at it.
+    /// The token of the newest signaled WR (before the first, where it would be): the run ends at it.
     last_signaled: u64,
     by_ulp: u64,
     by_policy: u64,
@@ -601,61 +626,57 @@ pub struct Admitted {
     by_policy: u64,
 }
 
+impl Admitted {
+    /// How many WRs the admission took.
+    #[inline]
+    pub fn count(&self) -> u32 {
+        (self.head - self.start) as u32
+    }
+}
+
 impl Admission<'_> {
-    fn new(slots: &mut [Slot], mask: u64, head: u64, credits: u32, run: u32, interval: u32) -> Admission<'_> {
-        let last = head + credits as u64 - 1;
-        let interval = interval as u64;
-        // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`.
-        let by_interval = head + interval.saturating_sub(run as u64 + 1);
-        Admission {
-            slots,
-            mask,
-            head,
-            start: head,
-            next_signal: by_interval.min(last),
-            last,
-            interval,
-            last_signaled: head.wrapping_sub(run as u64 + 1),
-            by_ulp: 0,
-            by_policy: 0,
-        }
+    /// The first sequence number of this admission.
+    #[inline]
+    pub fn start_seq(&self) -> u64 {
+        self.start
     }
 
-    /// Admits the next WR: its sequence number and whether it is signaled (the ULP asked, the unsignaled run
-    /// reached the interval, or it takes the last free slot). At most `credits` of `admission` per admission.
+    /// Whether the admission took as many WRs as it may.
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.token == self.end
+    }
+
+    /// Admits the next WR: its token and whether it is signaled (the ULP asked, the unsignaled run reached the
+    /// interval, or it takes the last free slot). Only while `!is_full()`.
     #[inline]
     pub fn push(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> (u64, bool) {
-        debug_assert!(self.head <= self.last);
-        let seq = self.head;
-        let signaled = ulp_signaled | (seq == self.next_signal);
+        debug_assert!(self.token < self.end);
+        let token = self.token;
+        let signaled = ulp_signaled | (token == self.next_signal);
         if signaled {
-            self.signaled(seq, ulp_signaled);
+            self.signaled(token, ulp_signaled);
         }
         let flags = u8::from(ulp_signaled) * Slot::ULP_SIGNALED | u8::from(signaled) * Slot::SIGNALED;
-        self.slots[(seq & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
-        self.head = seq + 1;
-        (seq, signaled)
+        self.slots[(token & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
+        self.token = token + 1;
+        (token, signaled)
     }
 
-    /// `seq` is signaled: the run restarts after it.
+    /// The WR of `token` is signaled: the run restarts after it.
     #[inline]
-    fn signaled(&mut self, seq: u64, ulp_signaled: bool) {
-        self.last_signaled = seq;
-        self.next_signal = (seq + self.interval).min(self.last);
+    fn signaled(&mut self, token: u64, ulp_signaled: bool) {
+        self.last_signaled = token;
+        self.next_signal = token.wrapping_add(self.interval).min(self.last);
         self.by_ulp += u64::from(ulp_signaled);
         self.by_policy += u64::from(!ulp_signaled);
     }
 
-    /// The sequence number the next `push` gets.
-    #[inline]
-    pub fn next_seq(&self) -> u64 {
-        self.head
-    }
-
     #[inline]
     pub fn end(self) -> Admitted {
-        let run = self.head.wrapping_sub(self.last_signaled.wrapping_add(1)) as u32;
-        Admitted { head: self.head, start: self.start, run, by_ulp: self.by_ulp, by_policy: self.by_policy }
+        let run = self.token.wrapping_sub(self.last_signaled.wrapping_add(1)) as u32;
+        let head = self.start + (self.token - self.start_token);
+        Admitted { head, start: self.start, run, by_ulp: self.by_ulp, by_policy: self.by_policy }
     }
 }
 
@@ -741,6 +762,7 @@ mod tests {
         for (depth, interval) in [(8, 3), (16, 4), (5, 5), (4, 1), (128, 32)] {
             let new = || SendState::<NoParked>::new(depth, interval, Backlog::new(0, || Ok(NoParked)).unwrap()).unwrap();
             let (mut one, mut bulk) = (new(), new());
+            let base = Token::new(7, super::super::token::Direction::Send, 0).0;
             let mut rng = 0x9e37_79b9_7f4a_7c15u64;
             for call in 0..400u64 {
                 rng ^= rng << 13;
@@ -760,14 +782,18 @@ mod tests {
                     continue;
                 }
                 let n = 1 + (rng >> 8) as u32 % credits;
-                let mut a = bulk.admission(credits);
+                let mut a = bulk.admission(credits, n, base);
                 for k in 0..n {
+                    assert!(!a.is_full());
                     let ulp = (rng >> (16 + k % 40)) & 7 == 0;
                     let wr_id = call * 1000 + k as u64;
-                    let want = one.admit_posted(wr_id, 3, ulp, credits - k);
+                    let (seq, signaled) = one.admit_posted(wr_id, 3, ulp, credits - k);
+                    let want = (Token::from_base(base, seq).0, signaled);
                     assert_eq!(a.push(wr_id, 3, ulp), want, "depth {depth} interval {interval} call {call} WR {k}");
                 }
+                assert!(a.is_full());
                 let done = a.end();
+                assert_eq!(done.count(), n);
                 bulk.admitted(done);
                 assert_eq!(bulk.counters, one.counters);
                 assert_eq!((bulk.accepted, bulk.has_unsignaled_tail()), (one.accepted, one.has_unsignaled_tail()));
