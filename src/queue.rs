@@ -722,6 +722,30 @@ struct Run<'a> {
     last: WrPtr<'a>,
     seq: u64,
     len: u32,
+    added: Added<'a>,
+}
+
+/// The WRs of a run that the policy signaled without the ULP asking: `IBV_SEND_SIGNALED` is taken back from
+/// them after the post. The first two are kept (a run has about `len / signal_interval + 1`); with more, the
+/// restore reads every WR's flags from the ring instead.
+#[derive(Clone, Copy, Default)]
+struct Added<'a> {
+    first: Option<WrPtr<'a>>,
+    second: Option<WrPtr<'a>>,
+    more: bool,
+}
+
+impl<'a> Added<'a> {
+    #[inline]
+    fn push(&mut self, w: WrPtr<'a>) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else if self.second.is_none() {
+            self.second = Some(w);
+        } else {
+            self.more = true;
+        }
+    }
 }
 
 /// The checks of a WR, the plain test first and the full ones for the rest; its work-completion opcode.
@@ -762,14 +786,39 @@ fn backlog_full(send: &SendState<StagedWr>) -> Error {
     )
 }
 
-/// Restores the WRs of a posted run (`n` WRs from `first`, sequence numbers from `seq`), in one walk: the
-/// ULP's wr_id and send_flags, from the ring slots their admission filled, and the link cut after the run.
-/// The flags differ from the ULP's only by `IBV_SEND_SIGNALED`, added when the policy signaled a WR the ULP
-/// had not asked to be.
-fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: u32, cut: Option<WrPtr<'_>>) {
-    let end = seq + n as u64;
-    let mut w = first;
-    let mut k = seq;
+/// Restores the WRs of a posted run (its successor in the ULP's chain is `cut`), in one walk: the ULP's wr_id
+/// from the ring slots their admission filled, and the link cut after the run. The flags differ from the ULP's
+/// only by `IBV_SEND_SIGNALED` on the WRs in `run.added`.
+fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
+    if run.added.more {
+        return restore_flags_too(send, run, cut);
+    }
+    let end = run.seq + run.len as u64;
+    let mut w = run.first;
+    let mut k = run.seq;
+    loop {
+        w.set_wr_id(send.slot(k).wr_id);
+        k += 1;
+        if k == end {
+            w.set_next(cut);
+            break;
+        }
+        w = w.next().expect("run is linked");
+    }
+    if let Some(a) = run.added.first {
+        a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
+        if let Some(b) = run.added.second {
+            b.set_send_flags(b.send_flags() & !SEND_SIGNALED);
+        }
+    }
+}
+
+/// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
+#[inline(never)]
+fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
+    let end = run.seq + run.len as u64;
+    let mut w = run.first;
+    let mut k = run.seq;
     loop {
         let slot = send.slot(k);
         w.set_wr_id(slot.wr_id);
@@ -810,8 +859,9 @@ impl QueueShared {
         let result = if credits > 0 && !note {
             // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
             // with one doorbell; whatever is left goes through the general loop, in the same run.
-            let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN));
-            let run = Run { first, last, seq, len: n };
+            let mut added = Added::default();
+            let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN), &mut added);
+            let run = Run { first, last, seq, len: n, added };
             match next {
                 None => match self.post_run(st, run, None) {
                     Ok(()) => Ok(()),
@@ -820,7 +870,7 @@ impl QueueShared {
                 Some(w) => self.post_general(st, w, run, credits - n, note),
             }
         } else {
-            self.post_general(st, first, Run { first, last: first, seq: 0, len: 0 }, credits, note)
+            self.post_general(st, first, Run { first, last: first, seq: 0, len: 0, added: Added::default() }, credits, note)
         };
         if st.send.has_unsignaled_tail() {
             // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
@@ -872,7 +922,10 @@ impl QueueShared {
             if credits > 0 && !note {
                 // Plain WRs in bulk while credits and the run's room last.
                 let room = credits.min(MAX_RUN - run.len);
-                let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room);
+                if run.len == 0 {
+                    run.added = Added::default();
+                }
+                let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room, &mut run.added);
                 if n > 0 {
                     if run.len == 0 {
                         run.first = w;
@@ -911,12 +964,14 @@ impl QueueShared {
                     if run.len == 0 {
                         run.first = w;
                         run.seq = seq;
+                        run.added = Added::default();
                     }
                     run.len += 1;
                     run.last = w;
                     w.set_wr_id(Token::from_base(self.send_token, seq).0);
                     if signaled && !ulp_signaled {
                         w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                        run.added.push(w);
                     }
                 }
                 Admit::Park => {
@@ -965,6 +1020,7 @@ impl QueueShared {
         first: WrPtr<'a>,
         credits: u32,
         room: u32,
+        added: &mut Added<'a>,
     ) -> (u32, u64, WrPtr<'a>, Option<WrPtr<'a>>) {
         let mut a = send.admission(credits, room, self.send_token);
         let seq = a.start_seq();
@@ -978,6 +1034,7 @@ impl QueueShared {
             w.set_wr_id(token);
             if signaled & !ulp_signaled {
                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                added.push(w);
             }
             last = w;
             match w.next() {
@@ -1005,7 +1062,17 @@ impl QueueShared {
         run.last.set_next(None);
         let r = self.qp.post_chain(run.first);
         st.doorbells += 1;
-        restore_run(&st.send, run.first, run.seq, run.len, cut);
+        if run.len == 1 {
+            // A post of one WR: its slot, its link and at most its own flag.
+            let w = run.first;
+            w.set_wr_id(st.send.slot(run.seq).wr_id);
+            w.set_next(cut);
+            if run.added.first.is_some() {
+                w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+            }
+        } else {
+            restore_run(&st.send, run, cut);
+        }
         r
     }
 
