@@ -252,6 +252,7 @@ impl Cq {
     /// parked WRs as credits return, and covers idle unsignaled tails. Reaps at most the CQ's capacity of CQEs
     /// beyond `out.len()` (every CQE present when it began among them), so callbacks that keep posting cannot
     /// hold it forever.
+    #[inline]
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.poll(out)
     }
@@ -377,6 +378,7 @@ impl CqShared {
         }
     }
 
+    #[inline(always)]
     fn poll(self: &Rc<Self>, out: &mut [ibv_wc]) -> Result<usize> {
         if self.polling.replace(true) {
             return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
