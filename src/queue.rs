@@ -1217,6 +1217,8 @@ impl QueueShared {
             Idle,
         }
         let mut c = Completion::default();
+        // The completion of the common release: only the fields a posted WR's slot fills change.
+        let mut plain = Completion::default();
         loop {
             let item = {
                 let mut guard = self.state.borrow_mut();
@@ -1225,7 +1227,12 @@ impl QueueShared {
                     // The common release: a posted WR of the ULP's, no barrier due, nothing to verify.
                     if let Some(slot) = st.send.pop_plain(st.barriers.first_target()) {
                         drop(guard);
-                        release(&completion_of(&slot));
+                        plain.wr_id = slot.wr_id;
+                        plain.status = slot.status as u32;
+                        plain.opcode = slot.opcode as u32;
+                        plain.vendor_err = slot.vendor_err;
+                        plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+                        release(&plain);
                         continue;
                     }
                 }
