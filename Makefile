@@ -61,7 +61,7 @@ CHECK_SO := libsqdisc_check.so
 CHECK_SONAME := $(CHECK_SO).$(CHECK_MAJOR)
 CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 
-.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -128,7 +128,7 @@ endef
 # rebuilt) becomes the Libs.private of sqdisc.pc.
 cargo-release:
 	@mkdir -p $(BUILD)
-	$(CARGO) rustc --release --lib --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
+	$(CARGO) rustc --release --lib --features capi --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
 		| tee $(BUILD)/cargo-release.log
 	$(call native_static_libs,cargo-release.log,native-static-libs,-libverbs)
 
@@ -294,7 +294,10 @@ check-headers:
 # ---- checks ----------------------------------------------------------------------------------------------
 
 test:
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --features sqdisc/capi --no-fail-fast
+
+check-rlib-symbols:
+	CARGO='$(CARGO)' bash scripts/check-rlib-symbols.sh
 
 check-symbols: all
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) include
@@ -323,6 +326,7 @@ check-install:
 check:
 	$(MAKE) --no-print-directory deps
 	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory check-rlib-symbols
 	$(MAKE) --no-print-directory miri
 	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory check-headers

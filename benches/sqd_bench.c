@@ -27,11 +27,12 @@
  *   scale   sqdisc only: Q queues (-q) of depth D on one CQ; WR k goes to queue k mod Q, signaled by the ULP;
  *           the CQ is polled until empty after every P posts (-p, default 8).
  *   memory  for queues of depth D with backlog -k, max_send_sge S, max_inline_data 64: sqd_queue_stats.bytes
- *           of the first, and the heap (malloc_usable_size, with the shim) that sqd_queue_new takes for the
- *           first queue on the CQ and for the last of -q queues.
+ *           of the first and of the last of -q queues, the heap (malloc_usable_size, with the shim) that
+ *           sqd_queue_new takes for each of the two, and the CQ's backlog pool (sqd_cq_backlog_pool_stats);
+ *           with -L L the CQ's backlog pool is limited to L parked WRs (sqd_cq_set_backlog_limit) first.
  *
  * usage: sqd_bench MODE [-P sim|null] [-n wrs] [-w warmup] [-b batch] [-s sges] [-d depth] [-q queues]
- *                       [-p poll_every] [-k backlog] [-r reps]
+ *                       [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]
  * Output: one line of key=value pairs. Exits non-zero on any unexpected result. */
 
 #define _GNU_SOURCE
@@ -61,6 +62,7 @@ struct bench {
     enum provider provider;
     uint64_t wrs, warmup;
     unsigned batch, sges, depth, queues, poll_every, backlog, reps;
+    unsigned pool_limit; /* sqd_cq_set_backlog_limit, when nonzero */
     unsigned interval;
 
     struct sqd_sim *sim;
@@ -176,6 +178,8 @@ static void setup(struct bench *b)
     long long first_heap = 0, last_heap = 0;
     if (managed && sqd_cq_new(b->cq, &b->scq))
         DIE("sqd_cq_new");
+    if (managed && b->pool_limit && sqd_cq_set_backlog_limit(b->scq, b->pool_limit))
+        DIE("sqd_cq_set_backlog_limit(%u): %s", b->pool_limit, sqd_last_error());
     for (unsigned i = 0; i < b->queues; i++) {
         struct ibv_qp_init_attr attr;
         memset(&attr, 0, sizeof attr);
@@ -220,14 +224,19 @@ static void setup(struct bench *b)
         }
     }
     if (b->mode == MEMORY) {
-        struct sqd_queue_stats qs;
-        if (sqd_queue_stats(b->q[0], &qs))
+        struct sqd_queue_stats qs, last;
+        struct sqd_backlog_pool_stats ps;
+        if (sqd_queue_stats(b->q[0], &qs) || sqd_queue_stats(b->q[b->queues - 1], &last))
             DIE("sqd_queue_stats");
-        /* The first queue on a fresh CQ also pays for the CQ's table; with -q 2 or more, the last queue's heap is
-         * what one more queue costs. */
-        printf("mode=memory depth=%u backlog=%u sges=%u queues=%u bytes=%" PRIu64
-               " allocs=%llu heap_bytes=%lld last_allocs=%llu last_heap_bytes=%lld\n",
-               b->depth, b->backlog, b->sges, b->queues, qs.bytes, first_allocs, first_heap, last_allocs, last_heap);
+        if (sqd_cq_backlog_pool_stats(b->scq, &ps))
+            DIE("sqd_cq_backlog_pool_stats");
+        /* The first queue on a fresh CQ also pays for the CQ's table (and, with a backlog, for the pool's room
+         * when the pool is limited); with -q 2 or more, the last queue's heap is what one more queue costs. */
+        printf("mode=memory depth=%u backlog=%u sges=%u queues=%u pool_limit=%u bytes=%" PRIu64 " last_bytes=%" PRIu64
+               " allocs=%llu heap_bytes=%lld last_allocs=%llu last_heap_bytes=%lld pool_bytes=%" PRIu64
+               " pool_capacity=%" PRIu64 "\n",
+               b->depth, b->backlog, b->sges, b->queues, b->pool_limit, qs.bytes, last.bytes, first_allocs, first_heap,
+               last_allocs, last_heap, ps.bytes, ps.capacity);
     }
     b->interval = b->depth / 4 ? b->depth / 4 : 1;
     for (unsigned i = 0; i < MAX_BATCH; i++) {
@@ -477,7 +486,7 @@ int main(int argc, char **argv)
     static struct bench b;
     if (argc < 2)
         DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
-            "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-r reps]");
+            "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]");
     int found = 0;
     for (int m = RAW_SIGNAL; m <= MEMORY; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
@@ -518,6 +527,7 @@ int main(int argc, char **argv)
         case 'q': b.queues = (unsigned)v; break;
         case 'p': b.poll_every = (unsigned)v; break;
         case 'k': b.backlog = (unsigned)v; break;
+        case 'L': b.pool_limit = (unsigned)v; break;
         case 'r': b.reps = (unsigned)v; break;
         default: DIE("unknown option %s", argv[i]);
         }

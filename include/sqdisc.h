@@ -77,7 +77,8 @@
 #define SQD_INVALIDATE_FENCE 1
 
 /**
- * An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
+ * A managed completion queue: an `ibv_cq` taken under management by `sqd_cq_new` or `sqd_cq_new_ex`, freed
+ * by `sqd_cq_free`.
  *
  * Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
  * and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
@@ -85,7 +86,8 @@
 struct sqd_cq;
 
 /**
- * The managed send queue (and optionally receive queue) of one RC QP.
+ * The managed send queue (and optionally receive queue) of one RC QP, made by `sqd_queue_new` and freed by
+ * `sqd_queue_free`.
  *
  * Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
  * (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
@@ -93,7 +95,7 @@ struct sqd_cq;
 struct sqd_queue;
 
 /**
- * An `ibv_srq` under management.
+ * An `ibv_srq` under management, made by `sqd_srq_new` and freed by `sqd_srq_free`.
  *
  * Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
  * completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by
@@ -148,6 +150,49 @@ struct sqd_cq_stats {
      * Idle-tail markers posted by `sqd_cq_poll`.
      */
     uint64_t tail_markers;
+};
+
+/**
+ * The state of a CQ's backlog pool, where the queues whose sends complete on the CQ park WRs (`struct
+ * sqd_backlog_pool_stats` in C).
+ */
+struct sqd_backlog_pool_stats {
+    /**
+     * The most WRs the queues whose sends complete on the CQ may park at once, all together, as set by
+     * `sqd_cq_set_backlog_limit`; 0 (the default): no limit but each queue's own `backlog_depth`.
+     */
+    uint32_t limit;
+    /**
+     * WRs parked now, all queues together.
+     */
+    uint32_t parked;
+    /**
+     * Most WRs parked at once.
+     */
+    uint64_t peak;
+    /**
+     * WRs the pool has storage for now, all shapes together.
+     */
+    uint64_t capacity;
+    /**
+     * The sum of the `backlog_depth` of the queues whose sends complete on the CQ.
+     */
+    uint64_t demand;
+    /**
+     * Bytes of the pool's storage: per WR it has room for, a WR record, `max_send_sge` SGEs (at least one) and
+     * `max_inline_data` bytes of the queues of its shape. The queue whose creation made the pool grow counts
+     * the growth in its `sqd_queue_stats.bytes` too.
+     */
+    uint64_t bytes;
+    /**
+     * WRs refused with `-EAGAIN` because the limit was reached (their queue's own backlog had room).
+     */
+    uint64_t exhausted;
+    /**
+     * Distinct shapes (`max_send_sge`, `max_inline_data`) of the queues using the pool: each has its storage.
+     */
+    uint32_t shapes;
+    uint32_t _reserved0;
 };
 
 /**
@@ -237,7 +282,9 @@ struct sqd_queue_attr {
     uint32_t signal_interval;
     /**
      * How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
-     * with `-EAGAIN`. At most 1048576. The backlog's storage is allocated here, once.
+     * with `-EAGAIN`. At most 1048576. The copies of the waiting WRs are kept in the send CQ's backlog pool,
+     * shared by the queues whose sends complete on it (see `sqd_cq_set_backlog_limit`); this depth is the
+     * queue's own cap.
      */
     uint32_t backlog_depth;
     /**
@@ -392,9 +439,12 @@ struct sqd_queue_stats {
      */
     uint64_t verify_mismatches;
     /**
-     * Bytes the queue allocated at creation (fixed part, 16 bytes per slot rounded to a power of two, backlog
-     * entries with their SGE and inline storage, verification storage). Not counted: what grows later with
-     * use, namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
+     * Bytes the queue allocated at creation: its own storage (fixed part, 16 bytes per slot rounded to a power
+     * of two, verification storage) and what its creation added to its send CQ's backlog pool, where its WRs
+     * park (room for `backlog_depth` WRs of its shape when the pool had none to spare; nothing when the pool
+     * already had the room, as for a queue joining a CQ whose `sqd_cq_set_backlog_limit` storage exists). The
+     * pool's storage as a whole is in `sqd_backlog_pool_stats.bytes`. Not counted: what grows later with use,
+     * namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
      */
     uint64_t bytes;
     /**
@@ -558,6 +608,38 @@ int32_t sqd_cq_update_capacity(const struct sqd_cq *cq);
 int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
 
 /**
+ * Limits the WRs that the queues whose sends complete on `cq` may park at once, all together, to `max_parked`
+ * (0, the default: no limit but each queue's own `backlog_depth`).
+ *
+ * WRs a queue accepts while its SQ has no credit wait in its backlog (`sqd_queue_attr.backlog_depth`), but
+ * their copies (WR, SGE list, inline data) are kept in a pool shared by the queues of their send CQ. Without a
+ * limit the pool holds room for every queue's whole backlog: a queue's creation adds the room the pool lacks
+ * for `backlog_depth` more WRs of its shape (`max_send_sge`, `max_inline_data`), counted in its
+ * `sqd_queue_stats.bytes`. With a limit,
+ * the pool holds room for at most `max_parked` WRs of each shape of its queues, so queues with deep backlogs
+ * cost little memory each (the first queue of a shape makes the pool grow, later ones do not), and a WR
+ * that would park while `max_parked` WRs are parked on the CQ is refused with `-EAGAIN` and a message in
+ * `sqd_last_error()` (as when its own backlog is full: `*bad_wr` at it, it and the WRs after it not accepted);
+ * it can be posted again once releases have moved parked WRs to their SQs. Each queue's `backlog_depth`
+ * stays its own cap. The pool's state is in `sqd_cq_backlog_pool_stats`.
+ *
+ * May be called at any time. Room for a higher limit is allocated in this call; room is kept when the limit is
+ * lowered (for later queues), and freed when the last queue of its shape is freed; a limit below the WRs
+ * parked now refuses new ones until enough are released. Parking a WR and posting parked WRs never allocate.
+ *
+ * Returns 0, or `-EINVAL` (NULL `cq`), `-ENOMEM` (the room could not be allocated; the previous limit stays,
+ * and `sqd_last_error()` names the bytes).
+ */
+int32_t sqd_cq_set_backlog_limit(struct sqd_cq *cq,
+                                 uint32_t max_parked);
+
+/**
+ * Copies the state of the CQ's backlog pool (where the queues whose sends complete on it park WRs) into
+ * `*out`. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_cq_backlog_pool_stats(const struct sqd_cq *cq, struct sqd_backlog_pool_stats *out);
+
+/**
  * Arms the CQ for its completion channel (`ibv_req_notify_cq(cq, solicited_only)`), then polls it once more so
  * that a completion that arrived between your last empty `sqd_cq_poll` and the arming is not missed: up to
  * `max` completions are stored in `wc`, exactly as `sqd_cq_poll` would (releases run too).
@@ -649,11 +731,13 @@ const char *sqd_version(void);
  * every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
  * has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
- * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
- * backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
- * `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
- * limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
- * `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+ * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with
+ * `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Parked WRs are
+ * kept in the send CQ's backlog pool: when the pool lacks room for `backlog_depth` more WRs of this queue's
+ * shape (room for `max_send_sge` SGEs and `max_inline_data` bytes each) and no limit set by
+ * `sqd_cq_set_backlog_limit` stops it, the pool grows here by what it lacks, and the queue's `bytes` count
+ * that growth. Large depths and limits together can ask for gigabytes: when an allocation fails it returns
+ * `-ENOMEM`, and `sqd_last_error()` names the bytes that could not be allocated.
  *
  * Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
  * a time, the one that uses the queue's CQs.
@@ -700,7 +784,8 @@ int32_t sqd_queue_free(struct sqd_queue *q);
  * opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
  * `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
  * do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
- * `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+ * `bind_mw.mw`), `-EAGAIN` (no SQ slot, and the backlog is full or disabled, or the send CQ's backlog pool is
+ * at its limit, `sqd_cq_set_backlog_limit`), `-EIO` (the queue failed or is
  * draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
  * is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
  *
@@ -796,7 +881,8 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * state allocates nothing.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+ * (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
+ * pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
  * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,

@@ -32,8 +32,10 @@ null_section() {
     done
 
     # Memory at rest: sqd_queue_stats.bytes, and the heap sqd_queue_new takes (through the shim) for the first
-    # queue on a fresh CQ and for a second one on the same CQ. max_inline_data 64 throughout.
-    local -A mbytes mheap mheap2 mal2
+    # queue on a fresh CQ and for a second one on the same CQ. max_inline_data 64 throughout. With a backlog,
+    # also on a CQ whose backlog pool is limited to one queue's backlog (sqd_cq_set_backlog_limit): the first
+    # queue makes the pool's room, the second takes none.
+    local -A mbytes mheap mheap2 mal2 lbytes lheap2 lal2 lpool
     local d s kk
     for d in 16 128 256; do
         for s in 1 4 16; do
@@ -44,6 +46,13 @@ null_section() {
                 mheap[$d/$s/$kk]=$(kv heap_bytes "$line")
                 mheap2[$d/$s/$kk]=$(kv last_heap_bytes "$line")
                 mal2[$d/$s/$kk]=$(kv last_allocs "$line")
+                if [ "$kk" != 0 ]; then
+                    line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/sqd_bench" memory -P null -d "$d" -s "$s" -k "$kk" -q 2 -L "$kk")
+                    lbytes[$d/$s/$kk]=$(kv last_bytes "$line")
+                    lheap2[$d/$s/$kk]=$(kv last_heap_bytes "$line")
+                    lal2[$d/$s/$kk]=$(kv last_allocs "$line")
+                    lpool[$d/$s/$kk]=$(kv pool_bytes "$line")
+                fi
             done
         done
     done
@@ -107,25 +116,35 @@ null_section() {
     echo
     echo "### Memory of a queue at rest"
     echo
-    echo "\`sqd_queue_stats.bytes\` (the queue's fixed part, 16 bytes per SQ slot rounded up to a power of two, the"
-    echo "backlog's preallocated WR copies), and the heap \`sqd_queue_new\` takes, measured by \`benches/alloc_count.so\`"
-    echo "(malloc_usable_size): for the first queue on a fresh CQ (which also sizes the CQ's queue table) and for a"
-    echo "second queue on the same CQ. max_inline_data 64. The backlog is the sqdisc default (as deep as the SQ) or 0."
+    echo "\`sqd_queue_stats.bytes\` (the queue's fixed part, 16 bytes per SQ slot rounded up to a power of two, and"
+    echo "what its creation added to its CQ's backlog pool), and the heap \`sqd_queue_new\` takes, measured by"
+    echo "\`benches/alloc_count.so\` (malloc_usable_size): for the first queue on a fresh CQ (which also sizes the CQ's"
+    echo "queue table) and for a second queue on the same CQ. max_inline_data 64. The backlog is the sqdisc default"
+    echo "(as deep as the SQ) or 0. Parked WRs take their storage from the CQ's backlog pool. Without a limit the pool"
+    echo "holds every queue's whole backlog, so each queue's creation adds its room (columns 4 to 6); with"
+    echo "\`sqd_cq_set_backlog_limit\` set to one queue's backlog, the first queue makes the pool's room and a second"
+    echo "queue takes none (columns 7 to 9: the second queue, and the pool)."
     echo
-    echo "| sq_depth | max_send_sge | backlog | bytes (stats) | heap, first queue | heap, next queue (allocations) |"
-    echo "|---:|---:|---:|---:|---:|---:|"
+    echo "| sq_depth | max_send_sge | backlog | bytes (stats) | heap, first queue | heap, next queue (allocations) | limited pool: bytes of the next queue (stats) | heap, next queue (allocations) | pool bytes |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for d in 16 128 256; do
         for s in 1 4 16; do
             for kk in 0 "$d"; do
                 local key=$d/$s/$kk
-                echo "| $d | $s | $kk | ${mbytes[$key]} | ${mheap[$key]} | ${mheap2[$key]} (${mal2[$key]}) |"
+                if [ "$kk" = 0 ]; then
+                    echo "| $d | $s | $kk | ${mbytes[$key]} | ${mheap[$key]} | ${mheap2[$key]} (${mal2[$key]}) | | | |"
+                else
+                    echo "| $d | $s | $kk | ${mbytes[$key]} | ${mheap[$key]} | ${mheap2[$key]} (${mal2[$key]}) | ${lbytes[$key]} | ${lheap2[$key]} (${lal2[$key]}) | ${lpool[$key]} |"
+                fi
             done
         done
     done
     echo
-    local spdk=${mbytes[256/16/256]}
+    local spdk=${lbytes[256/16/256]} spdk_heap=${lheap2[256/16/256]}
+    local worst=$(( spdk > spdk_heap ? spdk : spdk_heap ))
     echo "Target: a queue of depth 256, 16 SGEs and a 256-deep backlog at most 16 KB (16384 bytes) at rest, with"
-    echo "parked WRs taken from a pool shared per CQ. Today: $spdk bytes ($(awk -v x="$spdk" 'BEGIN { print (x <= 16384 ? "met" : "not met") }'));"
-    echo "the backlog's WR copies are preallocated per queue."
+    echo "parked WRs taken from a pool shared per CQ. Today, on a CQ whose pool is limited: $spdk bytes (stats),"
+    echo "$spdk_heap bytes of heap ($(awk -v x="$worst" 'BEGIN { print (x <= 16384 ? "met" : "not met") }')). Without a limit the pool holds every"
+    echo "queue's whole backlog: ${mbytes[256/16/256]} bytes for that queue, its room in the pool included."
     echo
 }

@@ -24,7 +24,7 @@ mkdir -p "$out/lib"
 
 echo "tsan: building libsqdisc.so with -Zsanitizer=thread -Zbuild-std ($toolchain)"
 RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
-    cargo "+$toolchain" rustc --quiet --lib --release -Zbuild-std --target "$target" --crate-type cdylib \
+    cargo "+$toolchain" rustc --quiet --lib --features capi --release -Zbuild-std --target "$target" --crate-type cdylib \
     -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$root/src/capi/sqdisc.map"
 cp -f "target/tsan/$target/release/libsqdisc.so" "$out/lib/libsqdisc.so.0"
 ln -sfn libsqdisc.so.0 "$out/lib/libsqdisc.so"

@@ -2,7 +2,6 @@
 //! objects and deferred actions) is allocated with `try_reserve`, so that running out of memory is an
 //! `ENOMEM` error naming the bytes asked for, not an abort of the process.
 
-use std::alloc::Layout;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
@@ -47,9 +46,10 @@ pub(crate) fn reserve_map<K: Eq + Hash, V>(m: &mut HashMap<K, V>, more: usize, w
     m.try_reserve(more).map_err(|_| out_of_memory(bytes_of::<(K, V)>(m.len().saturating_add(more)), what))
 }
 
-/// `Box::new(value)`, or `ENOMEM` when the allocation fails.
+/// `Box::new(value)`, or `ENOMEM` when the allocation fails. For the C API's handles.
+#[cfg(any(feature = "capi", test))]
 pub(crate) fn boxed<T>(value: T, what: &str) -> Result<Box<T>> {
-    let layout = Layout::new::<T>();
+    let layout = std::alloc::Layout::new::<T>();
     if layout.size() == 0 {
         return Ok(Box::new(value));
     }

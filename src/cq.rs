@@ -2,18 +2,18 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
 use crate::alloc;
+use crate::attach::{AttachedQueue, AttachedSrq, CqeFate, IdleCheck};
 use crate::discipline::budget::CqBudget;
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::token::{Direction, Token, MAX_INDEX};
 use crate::error::{Error, Result};
 use crate::discipline::srq::SRQ_TOKEN_BASE;
-use crate::queue::{CqeFate, QueueShared};
-use crate::srq::SrqShared;
-use crate::verbs::{ibv_wc, CqHandle};
+use crate::verbs::{ibv_wc, BacklogPool, CqHandle};
+pub use crate::verbs::BacklogPoolStats;
 
 /// Counters of a managed CQ (`struct sqd_cq_stats` in C).
 #[repr(C)]
@@ -62,20 +62,27 @@ pub(crate) struct CqShared {
     /// Watched queues that left a tail in this cycle, each counted once (at most `watching`; 0 when unsure, which
     /// only costs a pass). When it equals `watching` no watched queue can be idle: the pass is skipped.
     posted: Cell<u32>,
+    /// Where the queues whose sends complete here park WRs. Borrowed by a queue with its own state borrowed
+    /// (queue -> pool), never the other way, and never across a callback or a call into another object.
+    pub(crate) pool: RefCell<BacklogPool>,
 }
+
+/// `IBV_EVENT_CQ_ERR`, the one `enum ibv_event_type` value of a CQ (`Cq::on_async_event`).
+const EV_CQ_ERR: u32 = 0;
 
 /// The lock of a thread-safe CQ: reentrant, so that callbacks may call the API again on the same CQ.
 pub type CqLock = parking_lot::ReentrantMutex<()>;
 
 struct CqState {
     budget: CqBudget,
-    table: Vec<Option<Rc<QueueShared>>>,
+    /// Weak: each queue owns its CQs (`QueueShared::send_cq`, `recv_cq`) and leaves its entry when dropped.
+    table: Vec<Option<Weak<dyn AttachedQueue<CqShared>>>>,
     free: Vec<u32>,
     by_qp: HashMap<u32, u32>,
     /// Queues that may have an unsignaled tail to cover at the end of a poll.
     watch: Vec<u32>,
     /// SRQs whose queues complete receives here: (id, SRQ, queues), the SRQ's depth reserved once.
-    srqs: Vec<(u32, Rc<SrqShared>, u32)>,
+    srqs: Vec<(u32, Rc<dyn AttachedSrq>, u32)>,
     /// Freed queues whose WRs may still complete here (after an async event released them, or a Rust owner
     /// dropped the queue early), by QP number: their completions carry the library's wr_ids and are dropped
     /// rather than passed through. An entry goes when its last possible completion arrives, or when a new queue
@@ -105,10 +112,11 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
-/// An `ibv_cq` under management (`sqd_cq_new`, `sqd_cq_new_ex`).
+/// An `ibv_cq` under management ([`Cq::new`], [`Cq::with_lock`]).
 ///
-/// Threads: made without `SQD_CQ_THREAD_SAFE`, the CQ and the queues on it are used from one thread at a time
-/// and nothing is locked; made with it, any thread may use them, each call holding the CQ's lock.
+/// Threads: a `Cq` and the queues on it are single-threaded (`!Send`). [`Cq::with_lock`] only attaches a
+/// lock for a caller that serialises access itself (the C API's `SQD_CQ_THREAD_SAFE` mode); the Rust API
+/// never takes it.
 pub struct Cq {
     pub(crate) shared: Rc<CqShared>,
 }
@@ -145,6 +153,7 @@ impl Cq {
                 watching: Cell::new(0),
                 posted: Cell::new(0),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
+                pool: RefCell::new(BacklogPool::default()),
             }),
         }
     }
@@ -152,6 +161,21 @@ impl Cq {
     /// The lock of a thread-safe CQ (`None` in the default single-threaded mode).
     pub fn lock(&self) -> Option<&Arc<CqLock>> {
         self.shared.lock.as_ref()
+    }
+
+    /// Limits the WRs that the queues whose sends complete on this CQ may park at once, all together, to
+    /// `max_parked` (0: no limit beyond each queue's `backlog_depth`, the default). The CQ's backlog pool then
+    /// holds storage for at most that many WRs of each shape (`max_send_sge`, `max_inline_data`) of its queues,
+    /// instead of the sum of their `backlog_depth`; a WR that finds the limit reached is refused with `EAGAIN`.
+    /// Storage for a higher limit is allocated now (`ENOMEM`: the old limit stays); storage is kept when the
+    /// limit is lowered. Lowering it below the WRs parked now refuses new ones until enough are released.
+    pub fn set_backlog_limit(&self, max_parked: u32) -> Result<()> {
+        self.shared.pool.borrow_mut().set_limit(max_parked)
+    }
+
+    /// The state of the CQ's backlog pool.
+    pub fn backlog_pool_stats(&self) -> BacklogPoolStats {
+        self.shared.pool.borrow().stats()
     }
 
     /// Queues attached to this CQ.
@@ -209,7 +233,7 @@ impl Cq {
     /// delivers no more CQEs, so every queue attached to it (by its sends or its receives) fails and releases
     /// everything at once, as for `Queue::on_async_event` with `IBV_EVENT_QP_FATAL`. Other events: `EINVAL`.
     pub fn on_async_event(&self, event: u32) -> Result<()> {
-        if event != crate::queue::EV_CQ_ERR {
+        if event != EV_CQ_ERR {
             return Err(Error::invalid(format!("event {event} is not an event of a CQ (IBV_EVENT_CQ_ERR is 0)")));
         }
         // One queue at a time, by table index, so that no list of them is allocated. A release callback may free
@@ -217,7 +241,7 @@ impl Cq {
         // CQ will deliver no CQE to it either).
         let entries = self.shared.state.borrow().table.len();
         for i in 0..entries {
-            let q = self.shared.state.borrow().table.get(i).cloned().flatten();
+            let q = self.shared.state.borrow().table.get(i).and_then(|e| e.as_ref()?.upgrade());
             if let Some(q) = q {
                 q.abandon();
             }
@@ -296,16 +320,16 @@ impl CqShared {
     }
 
     /// Registers an SRQ whose queue completes receives here; its depth is reserved on the first.
-    pub(crate) fn attach_srq(&self, srq: &Rc<SrqShared>) -> Result<()> {
+    pub(crate) fn attach_srq(&self, srq: &Rc<impl AttachedSrq + 'static>) -> Result<()> {
         let mut st = self.state.borrow_mut();
-        if let Some(e) = st.srqs.iter_mut().find(|e| e.0 == srq.id) {
+        if let Some(e) = st.srqs.iter_mut().find(|e| e.0 == srq.id()) {
             e.2 += 1;
             return Ok(());
         }
         let depth = srq.depth() as u64;
         alloc::reserve(&mut st.srqs, 1, "the CQ's list of SRQs")?;
         st.budget.reserve_extra(depth, &format!("SRQ depth {depth}, reserved once for all its queues here"))?;
-        st.srqs.push((srq.id, srq.clone(), 1));
+        st.srqs.push((srq.id(), srq.clone(), 1));
         Ok(())
     }
 
@@ -329,9 +353,9 @@ impl CqShared {
         self.counts.empty_polls.get()
     }
 
-    /// Puts the queue object in its table slot (after the queue is built).
-    pub(crate) fn install(&self, index: u32, q: Rc<QueueShared>) {
-        self.state.borrow_mut().table[index as usize] = Some(q);
+    /// Puts the queue object in its table slot (after the queue is built), weakly: the queue owns this CQ.
+    pub(crate) fn install(&self, index: u32, q: &Rc<impl AttachedQueue<CqShared> + 'static>) {
+        self.state.borrow_mut().table[index as usize] = Some(Rc::downgrade(q) as Weak<dyn AttachedQueue<CqShared>>);
     }
 
     /// Detaches the queue at `index`. `late`: what of its WRs may still complete on this CQ (its token index
@@ -370,10 +394,10 @@ impl CqShared {
         self.posted.set(self.posted.get() + 1);
     }
 
-    fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<QueueShared>> {
+    fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<dyn AttachedQueue<CqShared>>> {
         let st = self.state.borrow();
         match st.table.get(index as usize) {
-            Some(Some(q)) if q.qp_num() == qp_num => Some(q.clone()),
+            Some(Some(q)) => q.upgrade().filter(|q| q.qp_num() == qp_num),
             _ => None,
         }
     }
@@ -557,8 +581,8 @@ impl CqShared {
         let mut kept = 0;
         for i in 0..st.watch.len() {
             let index = st.watch[i];
-            let keep = match st.table.get(index as usize) {
-                Some(Some(q)) => match q.check_idle_tail(now, cycle) {
+            let keep = match st.table.get(index as usize).and_then(|e| e.as_ref()?.upgrade()) {
+                Some(q) => match q.check_idle_tail(now, cycle) {
                     IdleCheck::KeepWatching => true,
                     IdleCheck::Covered(m) => {
                         markers += m as u64;
@@ -579,12 +603,6 @@ impl CqShared {
         st.stats.tail_markers += markers;
         self.next_cycle();
     }
-}
-
-pub(crate) enum IdleCheck {
-    KeepWatching,
-    /// Done watching; `true` when a marker was posted.
-    Covered(bool),
 }
 
 struct ResetOnDrop<'a>(&'a Cell<bool>);

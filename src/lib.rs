@@ -17,6 +17,7 @@
 #![deny(rust_2018_idioms)]
 
 mod alloc;
+mod attach;
 mod completion;
 mod cq;
 pub mod discipline;
@@ -25,15 +26,22 @@ pub mod scripted;
 pub mod sim;
 mod srq;
 pub mod verbs;
+mod limits;
+mod post_error;
 mod queue;
+mod release;
 
+#[cfg(feature = "capi")]
 mod capi;
 
 pub use completion::{
     Completion, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED, SQD_COMPLETION_RECV,
     SQD_COMPLETION_REFUSED, SQD_COMPLETION_REMOTE_INV,
 };
-pub use cq::{Cq, CqStats};
+pub use cq::{BacklogPoolStats, Cq, CqStats};
 pub use error::{Error, Result};
 pub use srq::{Srq, SrqStats};
-pub use queue::{Deferred, InvalidateMode, PostError, Queue, QueueConfig, QueueStats, RecvPostError, ReleaseHandler, MAX_DEPTH, MAX_INLINE, MAX_SGE};
+pub use limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
+pub use post_error::{PostError, RecvPostError};
+pub use queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
+pub use release::ReleaseHandler;

@@ -3,8 +3,9 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
-use crate::cq::{Cq, CqShared, IdleCheck};
+use crate::cq::{Cq, CqShared};
 use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
@@ -13,17 +14,14 @@ use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
+use crate::limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
+use crate::post_error::{PostError, RecvPostError};
+use crate::release::{call, ReleaseHandler};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
-use crate::verbs::{pump_backlog, ForeignDeferred, ForeignRelease, PostFailure, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
-
-/// Largest depth (SQ, RQ or backlog) a queue accepts.
-pub const MAX_DEPTH: u32 = 1 << 20;
-/// Largest `max_send_sge` a queue accepts.
-pub const MAX_SGE: u32 = 1024;
-/// Largest `max_inline_data` a queue accepts.
-pub const MAX_INLINE: u32 = 1 << 16;
+use crate::discipline::backlog::ParkStore;
+use crate::verbs::{pump_backlog, BacklogPool, ForeignDeferred, PostFailure, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
 
 /// How a queue is set up. Depths are what the QP was actually granted (read them back after creating it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,12 +41,6 @@ pub struct QueueConfig {
     /// its release; a difference is reported in the release (`SQD_COMPLETION_BUFFER_MODIFIED`) and counted.
     /// The bytes must stay readable until the release (as rule 3 requires anyway). For debug and canary builds.
     pub verify_buffers: bool,
-}
-
-/// What runs when a WR is released.
-pub enum ReleaseHandler {
-    Closure(Box<dyn Fn(&Completion)>),
-    Foreign(ForeignRelease),
 }
 
 /// What `defer` runs once every WR accepted before it is released.
@@ -174,9 +166,12 @@ pub struct QueueStats {
     pub teardown_failures: u64,
     /// Releases whose buffers verification found modified (`SQD_COMPLETION_BUFFER_MODIFIED`).
     pub verify_mismatches: u64,
-    /// Bytes the queue allocated at creation (fixed part, 16 bytes per slot rounded to a power of two, backlog
-    /// entries with their SGE and inline storage, verification storage). Not counted: what grows later with
-    /// use, namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
+    /// Bytes the queue allocated at creation: its own storage (fixed part, 16 bytes per slot rounded to a power
+    /// of two, verification storage) and what its creation added to its send CQ's backlog pool, where its WRs
+    /// park (room for `backlog_depth` WRs of its shape when the pool had none to spare; nothing when the pool
+    /// already had the room, as for a queue joining a CQ whose `sqd_cq_set_backlog_limit` storage exists). The
+    /// pool's storage as a whole is in `sqd_backlog_pool_stats.bytes`. Not counted: what grows later with use,
+    /// namely pending invalidations (`sqd_invalidate`), deferred actions and tracked MRs.
     pub bytes: u64,
     /// Accepted WRs the provider's `post_send` refused when the library posted them (from the backlog, or a
     /// deferred LocalInv): each was released with `SQD_COMPLETION_REFUSED`.
@@ -188,13 +183,6 @@ pub struct QueueStats {
     /// later poll cycle of the send CQ tries the marker again until one is taken (or the ULP posts a signaled
     /// WR behind the tail).
     pub markers_refused: u32,
-}
-
-pub(crate) enum CqeFate {
-    Visible(u64),
-    Hidden,
-    Stray,
-    Passthrough,
 }
 
 struct QueueState {
@@ -223,6 +211,10 @@ pub(crate) struct QueueShared {
     recv_index: u32,
     send_need: u64,
     recv_need: u64,
+    /// The queue's class (its WR shape) in its send CQ's backlog pool.
+    pool_class: u16,
+    /// Bytes its creation added to that pool (counted in its footprint).
+    pool_bytes: u64,
     state: RefCell<QueueState>,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
@@ -271,7 +263,8 @@ impl QueueStorage {
     }
 
     fn allocate(c: &QueueConfig, interval: u32, recv: bool) -> Result<QueueStorage> {
-        let backlog = Backlog::new(c.backlog_depth as usize, || StagedWr::new(c.max_send_sge, c.max_inline_data))?;
+        // The entries of parked WRs come from the send CQ's backlog pool; the queue keeps only their list.
+        let backlog = Backlog::new(c.backlog_depth as usize);
         Ok(QueueStorage {
             send: SendState::new(c.sq_depth, interval, backlog)?,
             recv: if recv { Some(RecvState::new(c.rq_depth)?) } else { None },
@@ -288,7 +281,6 @@ impl QueueStorage {
         let slot = std::mem::size_of::<Slot>() as u64;
         let ring = |depth: u32| (depth.max(1) as u64).next_power_of_two() * slot;
         let mut n = std::mem::size_of::<QueueShared>() as u64 + ring(c.sq_depth);
-        n += c.backlog_depth as u64 * StagedWr::footprint_for(c.max_send_sge, c.max_inline_data) as u64;
         if recv {
             n += ring(c.rq_depth);
         }
@@ -299,26 +291,12 @@ impl QueueStorage {
     }
 }
 
-/// The managed send queue (and optionally receive queue) of one RC QP.
+/// The managed send queue (and optionally receive queue) of one RC QP ([`Queue::new`], [`Queue::with_srq`]).
 ///
-/// Threads: as its CQs (`SQD_CQ_THREAD_SAFE`). It is freed only when nothing of it is outstanding
-/// (`sqd_queue_free`), since WRs still outstanding would then complete as strays.
+/// Threads: as its CQs. Drop it only when nothing of it is outstanding ([`Queue::check_free`]), since WRs
+/// still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
-}
-
-/// A post that stopped early: `error` says why; `bad` is the first WR not accepted (it and every WR after it
-/// were not taken).
-#[derive(Debug)]
-pub struct PostError<'a> {
-    pub error: Error,
-    pub bad: WrPtr<'a>,
-}
-
-#[derive(Debug)]
-pub struct RecvPostError<'a> {
-    pub error: Error,
-    pub bad: RecvWrPtr<'a>,
 }
 
 /// Dropping a queue detaches it from its CQs whatever is outstanding: call [`Queue::check_free`] first, as
@@ -446,13 +424,23 @@ impl Queue {
         };
         // The queue's storage, allocated before anything is attached so that a failure leaves nothing to undo.
         let storage = QueueStorage::new(&c, interval, recv_cq.is_some() && srq.is_none())?;
+        // Room in the send CQ's backlog pool for what this queue may park (within the CQ's limit, if any).
+        let (pool_class, pool_bytes) = send_cq.shared.pool.borrow_mut().join(c.max_send_sge, c.max_inline_data, c.backlog_depth)?;
+        let leave_pool = || send_cq.shared.pool.borrow_mut().leave(pool_class, c.backlog_depth);
         let qp_num = qp.qp_num();
-        let send_index = send_cq.shared.attach(qp_num, send_need, &what)?;
+        let send_index = match send_cq.shared.attach(qp_num, send_need, &what) {
+            Ok(i) => i,
+            Err(e) => {
+                leave_pool();
+                return Err(e);
+            }
+        };
         let recv_index = match recv_cq {
             Some(r) if !same_cq => match r.shared.attach(qp_num, recv_need, &format!("rq_depth {}", c.rq_depth)) {
                 Ok(i) => i,
                 Err(e) => {
                     send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
+                    leave_pool();
                     return Err(e);
                 }
             },
@@ -460,6 +448,7 @@ impl Queue {
         };
         if let (Some(srq), Some(r)) = (srq, recv_cq) {
             if let Err(e) = r.shared.attach_srq(&srq.shared) {
+                leave_pool();
                 send_cq.shared.detach(send_index, qp_num, send_need, RetiredQueue::default());
                 if !same_cq {
                     r.shared.detach(recv_index, qp_num, recv_need, RetiredQueue::default());
@@ -481,6 +470,8 @@ impl Queue {
             recv_index,
             send_need,
             recv_need,
+            pool_class,
+            pool_bytes,
             state: RefCell::new(QueueState {
                 send: storage.send,
                 recv: storage.recv,
@@ -501,10 +492,10 @@ impl Queue {
             srq: srq.map(|s| s.shared.clone()),
             last_wqe_at: Cell::new(None),
         });
-        shared.send_cq.install(send_index, shared.clone());
+        shared.send_cq.install(send_index, &shared);
         if let Some(r) = &shared.recv_cq {
             if !same_cq {
-                r.install(recv_index, shared.clone());
+                r.install(recv_index, &shared);
             }
         }
         Ok(Queue { shared })
@@ -657,7 +648,8 @@ impl Queue {
         self.shared.send_cq.lock.as_ref()
     }
 
-    /// Bytes this queue allocated: its fixed part, slot records and backlog storage.
+    /// Bytes this queue allocated: its fixed part, slot records and verification storage, and what its
+    /// creation added to its send CQ's backlog pool (see `QueueStats::bytes`).
     pub fn footprint(&self) -> usize {
         self.shared.footprint()
     }
@@ -673,7 +665,11 @@ impl Drop for Queue {
         // What may still complete (after an async event released everything, or when dropped early) is
         // remembered by each CQ, so those completions are dropped there instead of reaching the ULP.
         let (send, recv) = {
-            let st = s.state.borrow();
+            let mut st = s.state.borrow_mut();
+            // WRs still parked are never posted now: their entries go back to the pool.
+            let mut pool = s.send_cq.pool.borrow_mut();
+            st.send.discard_backlog(&mut *pool);
+            pool.leave(s.pool_class, st.send.backlog_capacity() as u32);
             (st.send.unfinished(), st.recv.as_ref().map(|r| r.unfinished()).unwrap_or_default())
         };
         let same_cq = s.recv_cq.as_ref().is_some_and(|r| Rc::ptr_eq(r, &s.send_cq));
@@ -688,7 +684,6 @@ impl Drop for Queue {
     }
 }
 
-pub(crate) const EV_CQ_ERR: u32 = 0;
 const EV_QP_FATAL: u32 = 1;
 const EV_QP_REQ_ERR: u32 = 2;
 const EV_QP_ACCESS_ERR: u32 = 3;
@@ -831,6 +826,28 @@ fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr
             return;
         }
         w = w.next().expect("run is linked");
+    }
+}
+
+/// What the CQs of a queue call on it; the CQ's table holds the queue as this (`CqShared::install`).
+impl AttachedQueue<CqShared> for QueueShared {
+    fn qp_num(&self) -> u32 {
+        QueueShared::qp_num(self)
+    }
+    fn send_cq(&self) -> &Rc<CqShared> {
+        QueueShared::send_cq(self)
+    }
+    fn recv_cq(&self) -> Option<&Rc<CqShared>> {
+        QueueShared::recv_cq(self)
+    }
+    fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate {
+        QueueShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
+    }
+    fn check_idle_tail(&self, now: bool, cycle: u64) -> IdleCheck {
+        QueueShared::check_idle_tail(self, now, cycle)
+    }
+    fn abandon(&self) {
+        QueueShared::abandon(self)
     }
 }
 
@@ -982,8 +999,18 @@ impl QueueShared {
                             break;
                         }
                     }
-                    st.send.backlog_vacant().stage_from(w, op);
-                    st.send.commit_park();
+                    let mut pool = self.send_cq.pool.borrow_mut();
+                    let id = match pool.take(self.pool_class) {
+                        Ok(id) => id,
+                        Err(error) => {
+                            st.send.note_store_exhausted();
+                            result = Err(PostError { error, bad: w });
+                            break;
+                        }
+                    };
+                    pool.entry(id).stage_from(w, op);
+                    st.send.commit_park(id, &mut *pool);
+                    drop(pool);
                     credits = 0;
                     if note {
                         st.note_accepted(w, shape.send_flags);
@@ -1256,7 +1283,7 @@ impl QueueShared {
                         }
                         Item::Release
                     }
-                } else if let Some(r) = st.send.next_release() {
+                } else if let Some(r) = if st.send.backlog_len() == 0 { None } else { self.next_parked_release(st) } {
                     // A parked WR released as never posted.
                     c = Completion::from((r, false));
                     if r.op {
@@ -1300,7 +1327,7 @@ impl QueueShared {
                     let mut st = self.state.borrow_mut();
                     // An empty backlog has nothing to pump (`pump_backlog` would return Ok(0)).
                     let pumped = if st.send.backlog_len() > 0 {
-                        let r = pump_backlog(&mut st.send, &self.qp, self.send_index);
+                        let r = pump_backlog(&mut st.send, &mut self.send_cq.pool.borrow_mut(), &self.qp, self.send_index);
                         if !matches!(r, Ok(0)) {
                             st.doorbells += 1;
                         }
@@ -1309,7 +1336,7 @@ impl QueueShared {
                         Ok(0)
                     };
                     if pumped.is_err() {
-                        st.describe_refused_front();
+                        st.describe_refused_front(&mut self.send_cq.pool.borrow_mut());
                     }
                     if st.send.has_unsignaled_tail() && !self.watched.get() {
                         self.tail_left();
@@ -1324,6 +1351,13 @@ impl QueueShared {
                 }
             }
         }
+    }
+
+    /// The next release of a parked WR, if one is due (see `SendState::next_parked_release`). Out of line and
+    /// called only when the queue has WRs parked, so that the release loop's common case is one compare.
+    #[inline(never)]
+    fn next_parked_release(&self, st: &mut QueueState) -> Option<crate::discipline::Release> {
+        st.send.next_parked_release(&mut *self.send_cq.pool.borrow_mut())
     }
 
     fn defer_action(&self, lkey: Option<u32>, action: Action) -> Result<()> {
@@ -1347,8 +1381,17 @@ impl QueueShared {
             if let Some(c) = st.send.closed() {
                 return Err(closed_error(c));
             }
-            if fence && st.send.credits() == 0 && st.send.backlog_len() == st.send.backlog_capacity() {
-                return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+            if fence && st.send.credits() == 0 {
+                if st.send.backlog_len() == st.send.backlog_capacity() {
+                    return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+                }
+                if !self.send_cq.pool.borrow().has_room() {
+                    return Err(Error::new(
+                        libc::EAGAIN,
+                        "no SQ credit for the fenced LocalInv, and the send CQ's backlog pool is at its limit \
+                         (sqd_cq_set_backlog_limit)",
+                    ));
+                }
             }
             // Room for the barrier that posts it (or retries it when the SQ and the backlog are full).
             st.barriers.reserve(1)?;
@@ -1414,11 +1457,22 @@ impl QueueShared {
                         }
                     }
                     Admit::Park => {
-                        st.send.backlog_vacant().stage_local_inv(id as u64, rkey, fence);
-                        st.send.commit_park();
-                        let k = st.send.accepted() - 1;
-                        if let Some(v) = &mut st.verify {
-                            v.record_none(k);
+                        let mut pool = self.send_cq.pool.borrow_mut();
+                        match pool.take(self.pool_class) {
+                            Ok(e) => {
+                                pool.entry(e).stage_local_inv(id as u64, rkey, fence);
+                                st.send.commit_park(e, &mut *pool);
+                                let k = st.send.accepted() - 1;
+                                if let Some(v) = &mut st.verify {
+                                    v.record_none(k);
+                                }
+                            }
+                            // The CQ's pool is exhausted: retried after the queue's next release, as when its
+                            // own backlog is full (a queue that parks has WRs outstanding).
+                            Err(_) => {
+                                let target = st.send.released() + 1;
+                                st.barriers.push(target, Action::PostOp(id));
+                            }
                         }
                         None
                     }
@@ -1563,14 +1617,12 @@ impl QueueShared {
         Ok(())
     }
 
-    /// Bytes this queue allocated: its fixed part, slot records, backlog and verification storage.
+    /// Bytes this queue allocated: its fixed part, slot records and verification storage, and what its
+    /// creation added to its send CQ's backlog pool.
     fn footprint(&self) -> usize {
         let st = self.state.borrow();
         let slot = std::mem::size_of::<crate::discipline::Slot>();
-        let mut n = std::mem::size_of::<QueueShared>() + st.send.ring_capacity() * slot;
-        if st.send.backlog_capacity() > 0 {
-            n += st.send.backlog_capacity() * StagedWr::footprint_for(self.limits.max_send_sge, self.limits.max_inline_data);
-        }
+        let mut n = std::mem::size_of::<QueueShared>() + st.send.ring_capacity() * slot + self.pool_bytes as usize;
         if let Some(r) = &st.recv {
             n += (r.depth() as usize).next_power_of_two() * slot;
         }
@@ -1654,14 +1706,6 @@ fn completion_of(slot: &Slot) -> Completion {
     }
 }
 
-pub(crate) fn call(handler: Option<&ReleaseHandler>, c: &Completion) {
-    match handler {
-        Some(ReleaseHandler::Closure(f)) => f(c),
-        Some(ReleaseHandler::Foreign(f)) => f.call(c),
-        None => {}
-    }
-}
-
 impl QueueState {
     /// Bookkeeping for the WR just accepted: the tracked MRs its SGEs name, and its checksums when verifying.
     #[inline]
@@ -1681,8 +1725,8 @@ impl QueueState {
 
     /// Records the message of the refused oldest parked WR (the pump just stopped at it).
     #[cold]
-    fn describe_refused_front(&mut self) {
-        let Some((id, op, errno)) = self.send.refused_front() else { return };
+    fn describe_refused_front(&mut self, pool: &mut BacklogPool) {
+        let Some((id, op, errno)) = self.send.refused_front(pool) else { return };
         let what = if op {
             let wr_id = self.ops.get(id as usize).and_then(|o| o.as_ref()).map_or(0, |o| o.wr_id);
             format!("the parked LocalInv of sqd_invalidate wr_id {wr_id:#x}")

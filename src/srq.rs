@@ -4,11 +4,14 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Mutex;
 
+use crate::attach::AttachedSrq;
 use crate::completion::{Completion, SQD_COMPLETION_RECV};
 use crate::discipline::srq::{SrqSlots, MAX_SRQS, SRQ_TOKEN_BASE};
 use crate::discipline::token::{Direction, Token};
 use crate::error::{Error, Result};
-use crate::queue::{call, RecvPostError, ReleaseHandler, MAX_DEPTH};
+use crate::limits::MAX_DEPTH;
+use crate::post_error::RecvPostError;
+use crate::release::{call, ReleaseHandler};
 use crate::verbs::{RecvChain, SrqHandle};
 
 /// Counters of a managed SRQ (`struct sqd_srq_stats` in C).
@@ -73,12 +76,12 @@ pub(crate) struct SrqShared {
     retired: Cell<bool>,
 }
 
-/// An `ibv_srq` under management.
+/// An `ibv_srq` under management ([`Srq::new`]).
 ///
-/// Its receives are released (through its own release handler, flag `SQD_COMPLETION_RECV`) when their own
-/// completion is reaped on any managed CQ where a queue attached to it completes receives. Threads: used by
-/// the thread that polls the CQs of its queues, which are never `SQD_CQ_THREAD_SAFE` ones (`sqd_queue_new`
-/// refuses an SRQ there).
+/// Its receives are released (through its own release handler, flag [`SQD_COMPLETION_RECV`](crate::SQD_COMPLETION_RECV))
+/// when their own completion is reaped on any managed CQ where a queue attached to it completes receives.
+/// Threads: used by the thread that polls the CQs of its queues, which never carry a lock
+/// ([`Queue::with_srq`](crate::Queue::with_srq) refuses such a CQ).
 pub struct Srq {
     pub(crate) shared: Rc<SrqShared>,
 }
@@ -326,5 +329,21 @@ impl SrqShared {
         if let (Some(posted), Some(f)) = (low, &self.low) {
             f(posted);
         }
+    }
+}
+
+/// What the CQs where its queues complete receives call on it (`CqShared::attach_srq`).
+impl AttachedSrq for SrqShared {
+    fn id(&self) -> u32 {
+        self.id
+    }
+    fn depth(&self) -> u32 {
+        SrqShared::depth(self)
+    }
+    fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
+        SrqShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
+    }
+    fn run_releases(&self) {
+        SrqShared::run_releases(self)
     }
 }

@@ -12,8 +12,9 @@
 
 use std::ptr;
 
+use super::handle::sqd_queue;
 use super::queue::sqd_queue_stats;
-use crate::queue::{Queue, QueueStats};
+use crate::queue::QueueStats;
 
 /// The size of `struct sqd_queue_stats` in 0.1.0: the fields up to `bytes`. 0.2.0 appended
 /// `provider_refused` and `provider_refused_errno`.
@@ -23,7 +24,7 @@ const _: () = assert!(QUEUE_STATS_0_1_SIZE == 184, "0.1.0's struct sqd_queue_sta
 /// `sqd_queue_stats@SQDISC_0`: fills the 0.1.0 struct (184 bytes) and not a byte beyond it, where the
 /// current function would write the 0.2.0 fields over whatever the caller keeps after its smaller struct.
 #[no_mangle]
-pub extern "C" fn sqdisc_queue_stats_0_1(q: *const Queue, out: *mut u8) -> i32 {
+pub extern "C" fn sqdisc_queue_stats_0_1(q: *const sqd_queue, out: *mut u8) -> i32 {
     if out.is_null() {
         // The same checks and message as the current version.
         return sqd_queue_stats(q, ptr::null_mut());

@@ -6,14 +6,15 @@
 
 use rdma_sys::{ibv_cq, ibv_wc};
 
+use super::handle::{self, sqd_cq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::cq::{Cq, CqStats};
+use crate::cq::{BacklogPoolStats, Cq, CqStats};
 use crate::verbs::CqHandle;
 use crate::Error;
 
 /// Takes `cq` under management and stores the new handle in `*out`: `sqd_cq_new_ex` with no flags.
 #[no_mangle]
-pub extern "C" fn sqd_cq_new(cq: *mut ibv_cq, out: *mut *mut Cq) -> i32 {
+pub extern "C" fn sqd_cq_new(cq: *mut ibv_cq, out: *mut *mut sqd_cq) -> i32 {
     sqd_cq_new_ex(cq, 0, out)
 }
 
@@ -39,7 +40,7 @@ pub const SQD_CQ_THREAD_SAFE: u32 = 1;
 /// Returns 0, or `-EINVAL` (NULL argument, unknown flags, a CQ without a provider context or `poll_cq` op,
 /// `cqe <= 0`), `-ENOMEM` (the handle could not be allocated; `sqd_last_error()` names the bytes).
 #[no_mangle]
-pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) -> i32 {
+pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut sqd_cq) -> i32 {
     ffi_boundary!({
         let out = try_mut!(out, "out");
         *out = std::ptr::null_mut();
@@ -53,7 +54,7 @@ pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) 
         };
         match crate::alloc::boxed(Cq::with_lock(handle, flags & SQD_CQ_THREAD_SAFE != 0), "the CQ handle") {
             Ok(b) => {
-                *out = Box::into_raw(b);
+                *out = handle::into_raw(b);
                 0
             }
             Err(e) => fail(&e),
@@ -68,18 +69,18 @@ pub extern "C" fn sqd_cq_new_ex(cq: *mut ibv_cq, flags: u32, out: *mut *mut Cq) 
 /// before destroying its `ibv_cq`: the library's own devices (`sqd_scripted_destroy_cq`, `sqd_sim_destroy_cq`)
 /// refuse with `-EBUSY` until then, a real provider cannot tell.
 #[no_mangle]
-pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
+pub extern "C" fn sqd_cq_free(cq: *mut sqd_cq) -> i32 {
     ffi_boundary!({
         if cq.is_null() {
             return 0;
         }
-        let lock = try_ref!(cq, "cq").lock().cloned();
+        let lock = try_ref!(cq.object(), "cq").lock().cloned();
         let _held = lock.as_deref().map(|l| l.lock());
-        if let Err(e) = try_ref!(cq, "cq").check_free() {
+        if let Err(e) = try_ref!(cq.object(), "cq").check_free() {
             return fail(&e);
         }
         // SAFETY: `cq` came from `sqd_cq_new` (caller's promise) and is freed once.
-        drop(unsafe { Box::from_raw(cq) });
+        unsafe { handle::free(cq) };
         0
     })
 }
@@ -107,9 +108,9 @@ pub extern "C" fn sqd_cq_free(cq: *mut Cq) -> i32 {
 /// Returns the count (>= 0), or `-EINVAL` (NULL `cq`, `max < 0`, NULL `wc` with `max > 0`), `-EBUSY`
 /// (re-entered), `-EIO` (the provider's poll failed: the CQ is in error).
 #[no_mangle]
-pub extern "C" fn sqd_cq_poll(cq: *mut Cq, max: i32, wc: *mut ibv_wc) -> i32 {
+pub extern "C" fn sqd_cq_poll(cq: *mut sqd_cq, max: i32, wc: *mut ibv_wc) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq, "cq");
+        let cq = try_ref!(cq.object(), "cq");
         let _held = cq.lock().map(|l| l.lock());
         if max < 0 {
             return fail(&Error::invalid(format!("max is {max}; it must be >= 0")));
@@ -136,9 +137,9 @@ pub extern "C" fn sqd_cq_poll(cq: *mut Cq, max: i32, wc: *mut ibv_wc) -> i32 {
 /// reserve (the new capacity is in force: a flush of them all could overrun it; `sqd_last_error()` names the
 /// numbers).
 #[no_mangle]
-pub extern "C" fn sqd_cq_update_capacity(cq: *const Cq) -> i32 {
+pub extern "C" fn sqd_cq_update_capacity(cq: *const sqd_cq) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq, "cq");
+        let cq = try_ref!(cq.object(), "cq");
         let _held = cq.lock().map(|l| l.lock());
         status(cq.update_capacity().map(|_| ()))
     })
@@ -146,12 +147,55 @@ pub extern "C" fn sqd_cq_update_capacity(cq: *const Cq) -> i32 {
 
 /// Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
 #[no_mangle]
-pub extern "C" fn sqd_cq_stats(cq: *const Cq, out: *mut CqStats) -> i32 {
+pub extern "C" fn sqd_cq_stats(cq: *const sqd_cq, out: *mut CqStats) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq, "cq");
+        let cq = try_ref!(cq.object(), "cq");
         let _held = cq.lock().map(|l| l.lock());
         let out = try_mut!(out, "out");
         *out = cq.stats();
+        status(Ok(()))
+    })
+}
+
+/// Limits the WRs that the queues whose sends complete on `cq` may park at once, all together, to `max_parked`
+/// (0, the default: no limit but each queue's own `backlog_depth`).
+///
+/// WRs a queue accepts while its SQ has no credit wait in its backlog (`sqd_queue_attr.backlog_depth`), but
+/// their copies (WR, SGE list, inline data) are kept in a pool shared by the queues of their send CQ. Without a
+/// limit the pool holds room for every queue's whole backlog: a queue's creation adds the room the pool lacks
+/// for `backlog_depth` more WRs of its shape (`max_send_sge`, `max_inline_data`), counted in its
+/// `sqd_queue_stats.bytes`. With a limit,
+/// the pool holds room for at most `max_parked` WRs of each shape of its queues, so queues with deep backlogs
+/// cost little memory each (the first queue of a shape makes the pool grow, later ones do not), and a WR
+/// that would park while `max_parked` WRs are parked on the CQ is refused with `-EAGAIN` and a message in
+/// `sqd_last_error()` (as when its own backlog is full: `*bad_wr` at it, it and the WRs after it not accepted);
+/// it can be posted again once releases have moved parked WRs to their SQs. Each queue's `backlog_depth`
+/// stays its own cap. The pool's state is in `sqd_cq_backlog_pool_stats`.
+///
+/// May be called at any time. Room for a higher limit is allocated in this call; room is kept when the limit is
+/// lowered (for later queues), and freed when the last queue of its shape is freed; a limit below the WRs
+/// parked now refuses new ones until enough are released. Parking a WR and posting parked WRs never allocate.
+///
+/// Returns 0, or `-EINVAL` (NULL `cq`), `-ENOMEM` (the room could not be allocated; the previous limit stays,
+/// and `sqd_last_error()` names the bytes).
+#[no_mangle]
+pub extern "C" fn sqd_cq_set_backlog_limit(cq: *mut sqd_cq, max_parked: u32) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        status(cq.set_backlog_limit(max_parked))
+    })
+}
+
+/// Copies the state of the CQ's backlog pool (where the queues whose sends complete on it park WRs) into
+/// `*out`. Returns 0 or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_cq_backlog_pool_stats(cq: *const sqd_cq, out: *mut BacklogPoolStats) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        let out = try_mut!(out, "out");
+        *out = cq.backlog_pool_stats();
         status(Ok(()))
     })
 }
@@ -174,9 +218,9 @@ pub extern "C" fn sqd_cq_stats(cq: *const Cq, out: *mut CqStats) -> i32 {
 /// none, as in verbs). Negative: `-EINVAL` (NULL `cq`, `max <= 0`, NULL `wc`), `-EOPNOTSUPP` (the provider cannot
 /// notify), `-EBUSY` (called from a callback of this CQ), `-EIO`, or the provider's negated errno.
 #[no_mangle]
-pub extern "C" fn sqd_cq_arm(cq: *mut Cq, solicited_only: i32, max: i32, wc: *mut ibv_wc) -> i32 {
+pub extern "C" fn sqd_cq_arm(cq: *mut sqd_cq, solicited_only: i32, max: i32, wc: *mut ibv_wc) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq, "cq");
+        let cq = try_ref!(cq.object(), "cq");
         let _held = cq.lock().map(|l| l.lock());
         if max <= 0 {
             return fail(&Error::invalid(format!("max is {max}; arming needs room for at least one completion")));
@@ -201,9 +245,9 @@ pub extern "C" fn sqd_cq_arm(cq: *mut Cq, solicited_only: i32, max: i32, wc: *mu
 ///
 /// Returns 0, or `-EINVAL` (NULL `cq`, an event that is not a CQ's).
 #[no_mangle]
-pub extern "C" fn sqd_cq_async_event(cq: *mut Cq, r#type: u32) -> i32 {
+pub extern "C" fn sqd_cq_async_event(cq: *mut sqd_cq, r#type: u32) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq, "cq");
+        let cq = try_ref!(cq.object(), "cq");
         let _held = cq.lock().map(|l| l.lock());
         status(cq.on_async_event(r#type))
     })

@@ -12,6 +12,7 @@ use crate::error::Error;
 pub mod compat;
 pub mod cq;
 pub mod error;
+pub mod handle;
 pub mod queue;
 pub mod scripted;
 pub mod sim;

@@ -5,10 +5,11 @@ use std::ptr;
 
 use rdma_sys::{ibv_mr, ibv_mw, ibv_qp, ibv_recv_wr, ibv_send_wr};
 
+use super::handle::{self, sqd_cq, sqd_queue, sqd_srq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
 use crate::completion::Completion;
-use crate::cq::Cq;
-use crate::queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats, ReleaseHandler};
+use crate::queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
+use crate::release::ReleaseHandler;
 use crate::verbs::control::Teardown;
 use crate::verbs::{ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
 use crate::Error;
@@ -47,7 +48,9 @@ pub struct QueueAttr {
     /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
     pub signal_interval: u32,
     /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
-    /// with `-EAGAIN`. At most 1048576. The backlog's storage is allocated here, once.
+    /// with `-EAGAIN`. At most 1048576. The copies of the waiting WRs are kept in the send CQ's backlog pool,
+    /// shared by the queues whose sends complete on it (see `sqd_cq_set_backlog_limit`); this depth is the
+    /// queue's own cap.
     pub backlog_depth: u32,
     /// Called once per accepted WR (and receive), in post order, when its resources may be reused. May be NULL.
     pub release: ReleaseFn,
@@ -57,7 +60,7 @@ pub struct QueueAttr {
     pub flags: u32,
     /// The managed SRQ the QP receives from (`qp->srq`), or NULL. With an SRQ, `recv_cq` must be the QP's
     /// receive CQ and `rq_depth` 0; receives are posted with `sqd_srq_post_recv`.
-    pub srq: *mut crate::srq::Srq,
+    pub srq: *mut sqd_srq,
 }
 
 /// Puts the RC QP `qp` under management and stores the new queue in `*out`.
@@ -71,11 +74,13 @@ pub struct QueueAttr {
 /// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
 /// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
-/// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, each
-/// backlog entry with room for `max_send_sge` SGEs and `max_inline_data` bytes, and with
-/// `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Large depths and
-/// limits together can ask for gigabytes: when an allocation fails it returns `-ENOMEM`, and
-/// `sqd_last_error()` names the bytes that could not be allocated and the bytes the queue needs in all.
+/// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with
+/// `SQD_QUEUE_VERIFY_BUFFERS` a checksum per SGE of every WR that may be in flight or parked. Parked WRs are
+/// kept in the send CQ's backlog pool: when the pool lacks room for `backlog_depth` more WRs of this queue's
+/// shape (room for `max_send_sge` SGEs and `max_inline_data` bytes each) and no limit set by
+/// `sqd_cq_set_backlog_limit` stops it, the pool grows here by what it lacks, and the queue's `bytes` count
+/// that growth. Large depths and limits together can ask for gigabytes: when an allocation fails it returns
+/// `-ENOMEM`, and `sqd_last_error()` names the bytes that could not be allocated.
 ///
 /// Ownership: `qp` stays the caller's and must outlive the queue. `attr` is copied. Thread safety: one thread at
 /// a time, the one that uses the queue's CQs.
@@ -87,20 +92,20 @@ pub struct QueueAttr {
 /// receives released by `sqd_srq_release_all`).
 #[no_mangle]
 pub extern "C" fn sqd_queue_new(
-    send_cq: *mut Cq,
-    recv_cq: *mut Cq,
+    send_cq: *mut sqd_cq,
+    recv_cq: *mut sqd_cq,
     qp: *mut ibv_qp,
     attr: *const QueueAttr,
-    out: *mut *mut Queue,
+    out: *mut *mut sqd_queue,
 ) -> i32 {
     ffi_boundary!({
         let out = try_mut!(out, "out");
         *out = ptr::null_mut();
-        let send_cq = try_ref!(send_cq, "send_cq");
+        let send_cq = try_ref!(send_cq.object(), "send_cq");
         let _held = send_cq.lock().map(|l| l.lock());
         let attr = try_ref!(attr, "attr");
         // SAFETY: non-NULL handles come from `sqd_cq_new` (the caller's promise).
-        let recv_cq = (!recv_cq.is_null()).then(|| unsafe { &*recv_cq });
+        let recv_cq = (!recv_cq.is_null()).then(|| unsafe { &*recv_cq.object() });
         if attr.flags & !QUEUE_FLAGS != 0 {
             return fail(&Error::invalid(format!(
                 "attr->flags {:#x} has unknown bits {:#x}",
@@ -128,7 +133,7 @@ pub extern "C" fn sqd_queue_new(
             Queue::new(send_cq, recv_cq, qp, config, release)
         } else {
             // SAFETY: a non-NULL `srq` comes from `sqd_srq_new` (the caller's promise).
-            let srq = unsafe { &*attr.srq };
+            let srq = unsafe { &*attr.srq.object() };
             match recv_cq {
                 Some(r) => Queue::with_srq(send_cq, r, srq, qp, config, release),
                 None => return fail(&Error::invalid("attr->srq is set but recv_cq is NULL: give the QP's receive CQ")),
@@ -136,7 +141,7 @@ pub extern "C" fn sqd_queue_new(
         };
         match made.and_then(|q| crate::alloc::boxed(q, "the queue handle")) {
             Ok(q) => {
-                *out = Box::into_raw(q);
+                *out = handle::into_raw(q);
                 0
             }
             Err(e) => fail(&e),
@@ -154,18 +159,18 @@ pub extern "C" fn sqd_queue_new(
 /// CQ during its poll, an idle queue is freed normally. Free it before destroying its QP: the library's own
 /// devices (`sqd_scripted_destroy_qp`, `sqd_sim_destroy_qp`) refuse with `-EBUSY` until then.
 #[no_mangle]
-pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
+pub extern "C" fn sqd_queue_free(q: *mut sqd_queue) -> i32 {
     ffi_boundary!({
         if q.is_null() {
             return 0;
         }
-        let lock = try_ref!(q, "q").lock().cloned();
+        let lock = try_ref!(q.object(), "q").lock().cloned();
         let _held = lock.as_deref().map(|l| l.lock());
-        if let Err(e) = try_ref!(q, "q").check_free() {
+        if let Err(e) = try_ref!(q.object(), "q").check_free() {
             return fail(&e);
         }
         // SAFETY: `q` came from `sqd_queue_new` (the caller's promise) and is freed once.
-        drop(unsafe { Box::from_raw(q) });
+        unsafe { handle::free(q) };
         0
     })
 }
@@ -186,7 +191,8 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 /// opcode not valid on RC; unknown `send_flags` bits; `num_sge` above `max_send_sge` or negative; NULL
 /// `sg_list`; inline data above `max_inline_data` or with an opcode that cannot carry it; an atomic whose SGEs
 /// do not total exactly 8 bytes or whose `remote_addr` is not 8-byte aligned; a BIND_MW with a NULL
-/// `bind_mw.mw`), `-EAGAIN` (no SQ slot and the backlog is full or disabled), `-EIO` (the queue failed or is
+/// `bind_mw.mw`), `-EAGAIN` (no SQ slot, and the backlog is full or disabled, or the send CQ's backlog pool is
+/// at its limit, `sqd_cq_set_backlog_limit`), `-EIO` (the queue failed or is
 /// draining), or the provider's negated errno when its `post_send` refused a WR this call posted (that WR
 /// is `*bad_wr`; the WRs before it stay posted and will be released, even unsignaled ones, without more posts).
 ///
@@ -198,11 +204,11 @@ pub extern "C" fn sqd_queue_free(q: *mut Queue) -> i32 {
 /// `provider_refused_errno`) and `sqd_queue_last_refusal` describes it. It is not shown by `sqd_cq_poll`. The
 /// queue stays open and the WRs behind it are posted in order.
 #[no_mangle]
-pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
+pub extern "C" fn sqd_post_send(q: *mut sqd_queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
     ffi_boundary!({
         let bad_wr = try_mut!(bad_wr, "bad_wr");
         *bad_wr = wr;
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         if wr.is_null() {
             return fail(&Error::invalid("wr is NULL"));
@@ -230,11 +236,11 @@ pub extern "C" fn sqd_post_send(q: *mut Queue, wr: *mut ibv_send_wr, bad_wr: *mu
 /// receives than `rq_depth` outstanding), `-EIO` (an asynchronous event released the queue), or the provider's
 /// negated errno.
 #[no_mangle]
-pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
+pub extern "C" fn sqd_post_recv(q: *mut sqd_queue, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
     ffi_boundary!({
         let bad_wr = try_mut!(bad_wr, "bad_wr");
         *bad_wr = wr;
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         if wr.is_null() {
             return fail(&Error::invalid("wr is NULL"));
@@ -261,9 +267,9 @@ pub extern "C" fn sqd_post_recv(q: *mut Queue, wr: *mut ibv_recv_wr, bad_wr: *mu
 /// Returns 0, or `-EINVAL` (NULL `q` or `fn`), `-ENOMEM` (no room for the action could be allocated; `fn`
 /// will not be called).
 #[no_mangle]
-pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
+pub extern "C" fn sqd_defer(q: *mut sqd_queue, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
         // SAFETY: the C caller promises `fn` may be called once with `ctx`.
@@ -287,9 +293,9 @@ pub extern "C" fn sqd_defer(q: *mut Queue, r#fn: DeferFn, ctx: *mut c_void) -> i
 /// polled (poll the CQ, then call again; the message says what is left), `-EINVAL` (NULL), or `-EIO` (the
 /// marker could not be posted).
 #[no_mangle]
-pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
+pub extern "C" fn sqd_queue_drain(q: *mut sqd_queue) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         status(q.drain())
     })
@@ -302,9 +308,9 @@ pub extern "C" fn sqd_queue_drain(q: *mut Queue) -> i32 {
 /// Returns the length of the whole description (without the NUL; 0 and an empty string when the provider
 /// refused nothing so far), or `-EINVAL` (NULL `q`, NULL `buf` with `len` > 0).
 #[no_mangle]
-pub extern "C" fn sqd_queue_last_refusal(q: *const Queue, buf: *mut std::ffi::c_char, len: usize) -> i32 {
+pub extern "C" fn sqd_queue_last_refusal(q: *const sqd_queue, buf: *mut std::ffi::c_char, len: usize) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         if buf.is_null() && len > 0 {
             return fail(&Error::invalid("buf is NULL and len is not 0"));
@@ -324,9 +330,9 @@ pub extern "C" fn sqd_queue_last_refusal(q: *const Queue, buf: *mut std::ffi::c_
 
 /// Copies the queue's counters and state into `*out`. Returns 0 or `-EINVAL` (NULL argument).
 #[no_mangle]
-pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 {
+pub extern "C" fn sqd_queue_stats(q: *const sqd_queue, out: *mut QueueStats) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let out = try_mut!(out, "out");
         *out = q.stats();
@@ -358,12 +364,13 @@ pub extern "C" fn sqd_queue_stats(q: *const Queue, out: *mut QueueStats) -> i32 
 /// state allocates nothing.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
-/// (fenced, and neither an SQ slot nor backlog room), `-ENOMEM` (no room to record it could be allocated:
+/// (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
+/// pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
 /// nothing is posted and `done` is not called).
 #[no_mangle]
-pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {
+pub extern "C" fn sqd_invalidate(q: *mut sqd_queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         if flags & !SQD_INVALIDATE_FENCE != 0 {
             return fail(&Error::invalid(format!("flags {flags:#x} has unknown bits")));
@@ -385,9 +392,9 @@ pub extern "C" fn sqd_invalidate(q: *mut Queue, rkey: u32, wr_id: u64, flags: u3
 ///
 /// Returns 0, or `-EINVAL` (NULL argument), `-EEXIST` (already tracked), `-ENOMEM`.
 #[no_mangle]
-pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
+pub extern "C" fn sqd_queue_track_mr(q: *mut sqd_queue, mr: *const ibv_mr) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         status(q.track_mr(mr.lkey))
@@ -396,9 +403,9 @@ pub extern "C" fn sqd_queue_track_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
 
 /// Stops tracking `mr`. Returns 0, or `-EINVAL` (NULL argument), `-ENOENT` (not tracked).
 #[no_mangle]
-pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 {
+pub extern "C" fn sqd_queue_untrack_mr(q: *mut sqd_queue, mr: *const ibv_mr) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         status(q.untrack_mr(mr.lkey))
@@ -412,9 +419,9 @@ pub extern "C" fn sqd_queue_untrack_mr(q: *mut Queue, mr: *const ibv_mr) -> i32 
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, `mr` or `fn`), `-ENOMEM` (as for `sqd_defer`).
 #[no_mangle]
-pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
+pub extern "C" fn sqd_defer_mr(q: *mut sqd_queue, mr: *const ibv_mr, r#fn: DeferFn, ctx: *mut c_void) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let mr = try_ref!(mr, "mr");
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
@@ -433,9 +440,9 @@ pub extern "C" fn sqd_defer_mr(q: *mut Queue, mr: *const ibv_mr, r#fn: DeferFn, 
 /// Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deregistration could be allocated:
 /// `mr` stays yours).
 #[no_mangle]
-pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
+pub extern "C" fn sqd_defer_dereg_mr(q: *mut sqd_queue, mr: *mut ibv_mr) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let lkey = try_ref!(mr, "mr").lkey;
         // SAFETY: the caller hands `mr` over to be deregistered once, later.
@@ -450,9 +457,9 @@ pub extern "C" fn sqd_defer_dereg_mr(q: *mut Queue, mr: *mut ibv_mr) -> i32 {
 /// Returns 0, or `-EINVAL` (NULL argument), `-ENOMEM` (no room for the deallocation could be allocated:
 /// `mw` stays yours).
 #[no_mangle]
-pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
+pub extern "C" fn sqd_defer_dealloc_mw(q: *mut sqd_queue, mw: *mut ibv_mw) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         if mw.is_null() {
             return fail(&Error::invalid("mw is NULL"));
@@ -480,9 +487,9 @@ pub extern "C" fn sqd_defer_dealloc_mw(q: *mut Queue, mw: *mut ibv_mw) -> i32 {
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, an event that is not a QP's).
 #[no_mangle]
-pub extern "C" fn sqd_queue_async_event(q: *mut Queue, r#type: u32) -> i32 {
+pub extern "C" fn sqd_queue_async_event(q: *mut sqd_queue, r#type: u32) -> i32 {
     ffi_boundary!({
-        let q = try_ref!(q, "q");
+        let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         status(q.on_async_event(r#type))
     })

@@ -6,8 +6,9 @@ use std::ptr;
 use rdma_sys::{ibv_recv_wr, ibv_srq};
 
 use super::queue::ReleaseFn;
+use super::handle::{self, sqd_srq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::queue::ReleaseHandler;
+use crate::release::ReleaseHandler;
 use crate::srq::{Srq, SrqStats};
 use crate::verbs::{ForeignRelease, RecvChain, SrqHandle};
 use crate::Error;
@@ -48,7 +49,7 @@ pub struct SrqAttr {
 /// SRQ without a provider context or `post_srq_recv` op), `-ENOSPC` (too many managed SRQs: 4096), `-ENOMEM`
 /// (its storage could not be allocated; `sqd_last_error()` names the bytes).
 #[no_mangle]
-pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut *mut Srq) -> i32 {
+pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut *mut sqd_srq) -> i32 {
     ffi_boundary!({
         let out = try_mut!(out, "out");
         *out = ptr::null_mut();
@@ -79,7 +80,7 @@ pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut
         };
         match Srq::new(handle, attr.depth, release, attr.low_watermark, low).and_then(|s| crate::alloc::boxed(s, "the SRQ handle")) {
             Ok(s) => {
-                *out = Box::into_raw(s);
+                *out = handle::into_raw(s);
                 0
             }
             Err(e) => fail(&e),
@@ -94,16 +95,16 @@ pub extern "C" fn sqd_srq_new(srq: *mut ibv_srq, attr: *const SrqAttr, out: *mut
 /// no QP can consume them), or when called from the SRQ's own release callback. Free it before destroying
 /// the `ibv_srq`: `sqd_sim_destroy_srq` refuses with `-EBUSY` until then.
 #[no_mangle]
-pub extern "C" fn sqd_srq_free(srq: *mut Srq) -> i32 {
+pub extern "C" fn sqd_srq_free(srq: *mut sqd_srq) -> i32 {
     ffi_boundary!({
         if srq.is_null() {
             return 0;
         }
-        if let Err(e) = try_ref!(srq, "srq").check_free() {
+        if let Err(e) = try_ref!(srq.object(), "srq").check_free() {
             return fail(&e);
         }
         // SAFETY: `srq` came from `sqd_srq_new` (the caller's promise) and is freed once.
-        drop(unsafe { Box::from_raw(srq) });
+        unsafe { handle::free(srq) };
         0
     })
 }
@@ -113,11 +114,11 @@ pub extern "C" fn sqd_srq_free(srq: *mut Srq) -> i32 {
 /// holds `depth` receives already), `-EIO` (`sqd_srq_release_all` released receives: see there), or the
 /// provider's negated errno.
 #[no_mangle]
-pub extern "C" fn sqd_srq_post_recv(srq: *mut Srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
+pub extern "C" fn sqd_srq_post_recv(srq: *mut sqd_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> i32 {
     ffi_boundary!({
         let bad_wr = try_mut!(bad_wr, "bad_wr");
         *bad_wr = wr;
-        let srq = try_ref!(srq, "srq");
+        let srq = try_ref!(srq.object(), "srq");
         if wr.is_null() {
             return fail(&Error::invalid("wr is NULL"));
         }
@@ -143,15 +144,15 @@ pub extern "C" fn sqd_srq_post_recv(srq: *mut Srq, wr: *mut ibv_recv_wr, bad_wr:
 /// you have reused. Free it, and destroy the `ibv_srq`. Returns 0, or `-EINVAL` (NULL), `-EBUSY` (queues are
 /// still attached).
 #[no_mangle]
-pub extern "C" fn sqd_srq_release_all(srq: *mut Srq) -> i32 {
-    ffi_boundary!({ status(try_ref!(srq, "srq").release_all()) })
+pub extern "C" fn sqd_srq_release_all(srq: *mut sqd_srq) -> i32 {
+    ffi_boundary!({ status(try_ref!(srq.object(), "srq").release_all()) })
 }
 
 /// Copies the SRQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
 #[no_mangle]
-pub extern "C" fn sqd_srq_stats(srq: *const Srq, out: *mut SrqStats) -> i32 {
+pub extern "C" fn sqd_srq_stats(srq: *const sqd_srq, out: *mut SrqStats) -> i32 {
     ffi_boundary!({
-        let srq = try_ref!(srq, "srq");
+        let srq = try_ref!(srq.object(), "srq");
         *try_mut!(out, "out") = srq.stats();
         0
     })

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use super::backlog::Backlog;
+use super::backlog::{Backlog, EntryId, ParkStore, Parked};
 use super::opcode::{WC_LOC_QP_OP_ERR, WC_SUCCESS, WC_WR_FLUSH_ERR};
 use super::ring::{Slot, SlotRing};
 use super::signal::SignalPolicy;
@@ -18,23 +18,12 @@ use super::late::LateWindow;
 use super::token::Token;
 use crate::error::Result;
 
-/// What a backlog entry must tell the core about the WR it holds.
-pub trait Parked {
-    fn wr_id(&self) -> u64;
-    /// `ibv_wc_opcode` of the WR.
-    fn wc_opcode(&self) -> u8;
-    /// The ULP asked for a completion.
-    fn ulp_signaled(&self) -> bool;
-    /// A library operation (see `Slot::OP`).
-    fn is_op(&self) -> bool;
-}
-
 /// The decision for one WR handed to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
     /// Post it now, with this sequence number, signaled or not.
     Post { seq: u64, signaled: bool },
-    /// No credit: park it in the backlog (fill `backlog_vacant()`, then `commit_park()`).
+    /// No credit: park it in the backlog (fill an entry of the CQ's pool, then `commit_park()`).
     Park,
     /// No credit and no backlog room: refuse it (`EAGAIN`).
     Full,
@@ -92,12 +81,14 @@ pub struct SendCounters {
     pub markers_refused: u32,
 }
 
+/// `T` is the type of the entries the backlog's WRs are parked in (in a `ParkStore` shared with other queues).
 #[derive(Debug)]
 pub struct SendState<T> {
     ring: SlotRing,
     depth: u32,
     policy: SignalPolicy,
-    backlog: Backlog<T>,
+    backlog: Backlog,
+    parked_type: std::marker::PhantomData<fn(T) -> T>,
     accepted: u64,
     released: u64,
     /// The status that failed the queue: the first error CQE's, replaced once by the first non-flush error
@@ -125,12 +116,13 @@ pub enum Closed {
 }
 
 impl<T: Parked> SendState<T> {
-    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog<T>) -> Result<SendState<T>> {
+    pub fn new(depth: u32, signal_interval: u32, backlog: Backlog) -> Result<SendState<T>> {
         Ok(SendState {
             ring: SlotRing::new(depth, "the send ring")?,
             depth,
             policy: SignalPolicy::new(signal_interval),
             backlog,
+            parked_type: std::marker::PhantomData,
             accepted: 0,
             released: 0,
             failed: None,
@@ -320,16 +312,10 @@ impl<T: Parked> SendState<T> {
         Admit::Post { seq, signaled }
     }
 
-    /// Storage for the WR being parked (after `Admit::Park`).
+    /// The parked WR is in place in entry `id` of `store` (after `Admit::Park`): it is accepted.
     #[inline]
-    pub fn backlog_vacant(&mut self) -> &mut T {
-        self.backlog.vacant().expect("admit said Park, so the backlog has room")
-    }
-
-    /// The parked WR is in place: it is accepted.
-    #[inline]
-    pub fn commit_park(&mut self) {
-        self.backlog.commit_push();
+    pub fn commit_park(&mut self, id: EntryId, store: &mut impl ParkStore<Entry = T>) {
+        self.backlog.push(id, store);
         self.accepted += 1;
         self.counters.parked += 1;
         self.counters.backlog_peak = self.counters.backlog_peak.max(self.backlog.len() as u64);
@@ -350,7 +336,12 @@ impl<T: Parked> SendState<T> {
         self.note_provider_refusal(errno);
     }
 
-    /// Counts a WR the provider refused after the queue accepted it.
+    /// `admit` said `Park` but the store had no entry for the WR: it is refused (`EAGAIN`) after all.
+    #[cold]
+    pub fn note_store_exhausted(&mut self) {
+        self.counters.refused += 1;
+    }
+
     /// The provider refused the marker `admit_marker` just admitted: it is taken back (the tail is unsignaled
     /// again, to be covered by a later attempt) and the refusal counted.
     #[cold]
@@ -361,6 +352,7 @@ impl<T: Parked> SendState<T> {
         self.counters.provider_refused_errno = errno as u32;
     }
 
+    /// Counts a WR the provider refused after the queue accepted it.
     pub fn note_provider_refusal(&mut self, errno: i32) {
         self.counters.provider_refused += 1;
         self.counters.provider_refused_errno = errno as u32;
@@ -368,9 +360,9 @@ impl<T: Parked> SendState<T> {
 
     /// The refused oldest parked WR, if any: its wr_id (an operation id for a library operation), whether it is
     /// a library operation, and the errno.
-    pub fn refused_front(&mut self) -> Option<(u64, bool, i32)> {
+    pub fn refused_front(&mut self, store: &mut impl ParkStore<Entry = T>) -> Option<(u64, bool, i32)> {
         let errno = self.front_refused?;
-        let e = self.backlog.get_mut(0);
+        let e = store.entry(self.backlog.front());
         Some((e.wr_id(), e.is_op(), errno))
     }
 
@@ -379,27 +371,34 @@ impl<T: Parked> SendState<T> {
         self.front_refused.is_some() && self.ring.outstanding() == 0
     }
 
-    /// Admits the `i`-th oldest parked WR for posting (the caller posts entries 0..n together, then calls
-    /// `pumped(n)`). Only while `credits() > 0`.
-    pub fn admit_parked(&mut self, i: usize) -> (u64, bool, &mut T) {
+    /// Admits the next parked WR for posting, `e`: the caller walks the backlog from `backlog_front()`, admits
+    /// entries in order, posts them together, then calls `pumped`. Only while `credits() > 0`.
+    pub fn admit_parked(&mut self, e: &T) -> (u64, bool) {
         let credits = self.credits();
-        debug_assert!(credits > 0 && i < self.backlog.len());
-        let e = self.backlog.get_mut(i);
+        debug_assert!(credits > 0);
         let (wr_id, op, ulp_signaled, is_op) = (e.wr_id(), e.wc_opcode(), e.ulp_signaled(), e.is_op());
         let Admit::Post { seq, signaled } = self.post_slot(wr_id, op, ulp_signaled || is_op, is_op, credits) else {
             unreachable!()
         };
-        (seq, signaled, self.backlog.get_mut(i))
+        (seq, signaled)
     }
 
-    /// See [`Backlog::raw_parts`].
-    pub fn backlog_raw_parts(&mut self) -> (*mut T, usize, usize) {
-        self.backlog.raw_parts()
+    /// The oldest parked WR's entry (`EntryId::NONE` when none is parked).
+    #[inline]
+    pub fn backlog_front(&self) -> EntryId {
+        self.backlog.front()
     }
 
-    /// `n` parked WRs reached the provider: they leave the backlog.
-    pub fn pumped(&mut self, n: usize) {
-        self.backlog.pop_front(n);
+    /// `n` parked WRs reached the provider: they leave the backlog, and their entries go back to `store`.
+    pub fn pumped(&mut self, n: usize, store: &mut impl ParkStore<Entry = T>) {
+        self.backlog.pop_front(n, store);
+    }
+
+    /// Gives every parked WR's entry back to `store` without releasing it: for a queue that goes away (its
+    /// owner dropped it) with WRs still parked.
+    pub fn discard_backlog(&mut self, store: &mut impl ParkStore<Entry = T>) {
+        let n = self.backlog.len();
+        self.backlog.pop_front(n, store);
     }
 
     /// The provider refused the newest `n` WQEs: forget them. When they came from the ULP's call (not the
@@ -537,7 +536,7 @@ impl<T: Parked> SendState<T> {
 
     /// The next release, in post order, if one is due.
     #[inline]
-    pub fn next_release(&mut self) -> Option<Release> {
+    pub fn next_release(&mut self, store: &mut impl ParkStore<Entry = T>) -> Option<Release> {
         if let Some(slot) = self.pop_posted() {
             return Some(Release {
                 wr_id: slot.wr_id,
@@ -551,9 +550,18 @@ impl<T: Parked> SendState<T> {
                 refused: false,
             });
         }
+        self.next_parked_release(store)
+    }
+
+    /// The next release of a parked WR (one the provider refused, or one never posted by a queue that failed or
+    /// drains), if one is due: only once no posted WR is outstanding, so the release order is the post order.
+    pub fn next_parked_release(&mut self, store: &mut impl ParkStore<Entry = T>) -> Option<Release> {
+        if self.backlog.is_empty() {
+            return None;
+        }
         // A refused parked WR is released after every WR posted before it (in post order), open queue or not.
         if let (Some(errno), 0) = (self.front_refused, self.ring.outstanding()) {
-            let e = self.backlog.get_mut(0);
+            let e = store.entry(self.backlog.front());
             let r = Release {
                 wr_id: e.wr_id(),
                 status: WC_LOC_QP_OP_ERR,
@@ -565,13 +573,13 @@ impl<T: Parked> SendState<T> {
                 remote_inv: None,
                 refused: true,
             };
-            self.backlog.pop_front(1);
+            self.backlog.pop_front(1, store);
             self.front_refused = None;
             self.released += 1;
             return Some(r);
         }
-        if self.closed().is_some() && self.ring.outstanding() == 0 && !self.backlog.is_empty() {
-            let e = self.backlog.get_mut(0);
+        if self.closed().is_some() && self.ring.outstanding() == 0 {
+            let e = store.entry(self.backlog.front());
             let r = Release {
                 wr_id: e.wr_id(),
                 status: WC_WR_FLUSH_ERR,
@@ -583,7 +591,7 @@ impl<T: Parked> SendState<T> {
                 remote_inv: None,
                 refused: false,
             };
-            self.backlog.pop_front(1);
+            self.backlog.pop_front(1, store);
             self.released += 1;
             return Some(r);
         }
@@ -760,7 +768,7 @@ mod tests {
     #[test]
     fn admission_agrees_with_admit_posted() {
         for (depth, interval) in [(8, 3), (16, 4), (5, 5), (4, 1), (128, 32)] {
-            let new = || SendState::<NoParked>::new(depth, interval, Backlog::new(0, || Ok(NoParked)).unwrap()).unwrap();
+            let new = || SendState::<NoParked>::new(depth, interval, Backlog::new(0)).unwrap();
             let (mut one, mut bulk) = (new(), new());
             let base = Token::new(7, super::super::token::Direction::Send, 0).0;
             let mut rng = 0x9e37_79b9_7f4a_7c15u64;

@@ -9,6 +9,7 @@ mod callback;
 pub mod control;
 mod cq;
 pub mod managed;
+mod pool;
 mod qp;
 mod srq;
 mod staged;
@@ -17,6 +18,7 @@ mod wr;
 
 pub use callback::{ForeignDeferred, ForeignRelease};
 pub use cq::{CqHandle, NotifyFn, PollFn};
+pub use pool::{BacklogPool, BacklogPoolStats};
 pub use qp::{PostFailure, QpHandle};
 pub use srq::SrqHandle;
 pub use staged::{pump_backlog, StagedWr};

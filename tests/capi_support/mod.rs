@@ -9,7 +9,25 @@ use std::ptr;
 pub use rdma_sys::{ibv_cq, ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc};
 pub use sqdisc::scripted::{ScriptedDevice, ScriptedQpCaps};
 pub use sqdisc::sim::{SimConfig, SimConnAttr, SimDevice};
-pub use sqdisc::{Completion, Cq, CqStats, Queue, QueueStats, Srq, SrqStats};
+pub use sqdisc::{Completion, CqStats, QueueStats, SrqStats};
+
+/// `struct sqd_cq`: incomplete in C, so opaque here; only pointers to it are used.
+#[repr(C)]
+pub struct Cq {
+    _private: [u8; 0],
+}
+
+/// `struct sqd_queue`.
+#[repr(C)]
+pub struct Queue {
+    _private: [u8; 0],
+}
+
+/// `struct sqd_srq`.
+#[repr(C)]
+pub struct Srq {
+    _private: [u8; 0],
+}
 
 pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Completion)>;
 pub type DeferFn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
