@@ -665,7 +665,7 @@ impl Admission<'_> {
         if signaled {
             self.signaled(token, ulp_signaled);
         }
-        let flags = u8::from(ulp_signaled) * Slot::ULP_SIGNALED | u8::from(signaled) * Slot::SIGNALED;
+        let flags = (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | (u8::from(signaled) * Slot::SIGNALED);
         self.slots[(token & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
         self.token = token + 1;
         (token, signaled)
