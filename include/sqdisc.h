@@ -9,9 +9,9 @@
 #include <stdbool.h>
 
 /** The version of the headers: compare with sqd_version() for the library actually loaded. */
-#define SQD_VERSION "0.2.0"
+#define SQD_VERSION "0.3.0"
 #define SQD_VERSION_MAJOR 0
-#define SQD_VERSION_MINOR 2
+#define SQD_VERSION_MINOR 3
 #define SQD_VERSION_PATCH 0
 
 /**
@@ -530,6 +530,50 @@ struct sqd_srq_stats {
     uint32_t low_events;
 };
 
+/**
+ * A software device's answers to the calls libibverbs would make through private driver ops, and its
+ * interest in the objects the library holds. Every function pointer may be NULL; each gets `device` as its
+ * first argument. Register it with `sqd_device_register`.
+ */
+struct sqd_device_ops {
+    /**
+     * `sizeof(struct sqd_device_ops)` as the registering program was compiled: later versions of the library
+     * may add members at the end and read only the first `size` bytes.
+     */
+    size_t size;
+    /**
+     * Passed back, unchanged, as the first argument of every function below.
+     */
+    void *device;
+    /**
+     * Deregisters `mr`, an MR of the device, when the library runs a deferred deregistration
+     * (`sqd_defer_dereg_mr`); 0 or a positive errno, as `ibv_dereg_mr` returns. NULL: such deregistrations
+     * fail with `EOPNOTSUPP`.
+     */
+    int (*dereg_mr)(void *device, struct ibv_mr *mr);
+    /**
+     * Creates an SRQ on `pd`, a PD of the device, as `ibv_create_srq` does (the granted attributes written back
+     * to `attr`): stores it in `*srq` and returns 0, or returns a positive errno. Called where the library makes
+     * an SRQ itself (the SPDK provider does, for SPDK). NULL: such creations fail with `EOPNOTSUPP`.
+     */
+    int (*create_srq)(void *device, struct ibv_pd *pd, struct ibv_srq_init_attr *attr, struct ibv_srq **srq);
+    /**
+     * Destroys `srq`, made by `create_srq`; 0 or a positive errno. NULL: `EOPNOTSUPP`.
+     */
+    int (*destroy_srq)(void *device, struct ibv_srq *srq);
+    /**
+     * A library handle (`sqd_cq`, `sqd_queue`, `sqd_srq`) now holds `object`, a `struct ibv_cq`, `ibv_qp` or
+     * `ibv_srq` of the device; the same object may be held by several handles at once, each announced. 0, or a
+     * positive errno that makes the handle's creation fail with it. Set together with `release`, or neither.
+     */
+    int (*hold)(void *device, void *object);
+    /**
+     * A handle that `hold` announced for `object` is gone; called once per successful `hold`, also after the
+     * device was unregistered.
+     */
+    void (*release)(void *device, void *object);
+};
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1017,6 +1061,51 @@ int32_t sqd_srq_release_all(struct sqd_srq *srq);
  * Copies the SRQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_srq_stats(const struct sqd_srq *srq, struct sqd_srq_stats *out);
+
+/**
+ * Registers a software device: a device whose provider only fills in the public ops table of its
+ * `struct ibv_context` (`post_send`, `poll_cq`, ...) and so cannot be reached by libibverbs calls that go
+ * through private driver ops. Hardware providers loaded by libibverbs never need this.
+ *
+ * From then on, for objects whose `context` is `ctx`, the library calls `ops->dereg_mr` instead of
+ * `ibv_dereg_mr` (deferred deregistration: `sqd_defer_dereg_mr`), `ops->create_srq` / `ops->destroy_srq` instead
+ * of `ibv_create_srq` / `ibv_destroy_srq` where it makes an SRQ itself (the SPDK provider, libsqdisc_spdk, does
+ * for SPDK), and, when set, `ops->hold` / `ops->release` as each
+ * `sqd_cq`, `sqd_queue` and `sqd_srq` starts and stops using one of the device's CQs, QPs and SRQs, so the device
+ * can refuse to destroy an object a handle still uses. `*ops` is copied; `ops->size` must be
+ * `sizeof(struct sqd_device_ops)`.
+ *
+ * One registry serves the whole process: every copy of the library loaded into the global scope (libsqdisc, and
+ * the copy libsqdisc_spdk carries) uses the first `sqd_device_register` / `sqd_device_lookup` the dynamic linker
+ * finds there, from its first use of the registry on. A copy opened with `dlopen(RTLD_LOCAL)` or linked
+ * statically into a program that does not export it (no `-rdynamic`) cannot be found, and keeps a registry of its
+ * own that devices registered elsewhere do not reach.
+ *
+ * The functions of `ops` may be called from any thread, with `ops->device` as their first argument, until
+ * `sqd_device_unregister(ctx)` returns (`release`: until every successful `hold` is released, which may be
+ * later).
+ *
+ * Returns 0; `-EINVAL` (NULL `ctx` or `ops`, `ops->size` too small, `hold` without `release` or the reverse),
+ * `-EEXIST` (a device is registered for `ctx` already), `-ENOMEM`.
+ */
+int sqd_device_register(struct ibv_context *ctx,
+                        const struct sqd_device_ops *ops);
+
+/**
+ * Ends `sqd_device_register(ctx, ...)`: objects of `ctx` go to libibverbs' own calls again. A device calls it
+ * when it closes, after the library has stopped using its objects.
+ *
+ * Returns 0; `-EINVAL` (NULL `ctx`), `-ENOENT` (no device is registered for `ctx`).
+ */
+int sqd_device_unregister(struct ibv_context *ctx);
+
+/**
+ * Whether a device is registered for `ctx`: 1, with its ops copied into `*ops` (at most `ops->size` bytes, which
+ * the caller sets to `sizeof(struct sqd_device_ops)` first); 0 if none is (`*ops` untouched); `-EINVAL` for a
+ * NULL `ops` or an `ops->size` below the first version's.
+ */
+int sqd_device_lookup(struct ibv_context *ctx,
+                      struct sqd_device_ops *ops);
 
 #ifdef __cplusplus
 }  // extern "C"

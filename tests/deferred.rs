@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::*;
-use sqdisc::verbs::control::{register_device, DeviceOps, Teardown};
+use sqdisc::verbs::control::Teardown;
+use sqdisc::verbs::device::{self, DeviceOps};
 use sqdisc::{Completion, Deferred, InvalidateMode, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_NEVER_POSTED};
 
 const WR_LOCAL_INV: u32 = 7;
@@ -153,18 +154,28 @@ thread_local! {
     static DEREGS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-unsafe fn fake_dereg(mr: *mut rdma_sys::ibv_mr) -> i32 {
+unsafe extern "C" fn fake_dereg(_device: *mut std::ffi::c_void, mr: *mut rdma_sys::ibv_mr) -> i32 {
     // SAFETY: the test's own MR struct.
     DEREGS.with(|d| d.borrow_mut().push(unsafe { (*mr).lkey }));
     0
+}
+
+/// Makes `fake_dereg` the deregistration of the scripted device's context, in place of the device's own.
+fn replace_dereg(ctx: *mut rdma_sys::ibv_context) {
+    let ops = DeviceOps { dereg_mr: Some(fake_dereg), ..DeviceOps::empty(std::ptr::null_mut()) };
+    // SAFETY: `fake_dereg` only records the key; the test's MR is no provider object. The device's handles
+    // already made keep their own release; no SRQ is made on this device.
+    unsafe {
+        device::unregister(ctx).unwrap();
+        device::register(ctx, &ops).unwrap();
+    }
 }
 
 #[test]
 fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     let rig = Rig::new(config(16, 2, 0), 64);
     let ctx = rig.dev.context();
-    // SAFETY: `fake_dereg` only records the key; the test's MR is no provider object.
-    unsafe { register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None }) };
+    replace_dereg(ctx);
     // SAFETY: all-zero is a valid `ibv_mr`.
     let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
     mr.context = ctx;
@@ -180,7 +191,7 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
     }
     assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![100], "exactly once");
     // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
-    unsafe { sqdisc::verbs::control::unregister_device(ctx) };
+    unsafe { device::unregister(ctx) }.unwrap();
     // A memory window whose provider cannot deallocate it: the failure is counted, not lost.
     // SAFETY: all-zero is a valid `ibv_mw`.
     let mut mw: rdma_sys::ibv_mw = unsafe { std::mem::zeroed() };
@@ -194,8 +205,7 @@ fn deferred_deregistration_runs_once_no_wr_can_use_the_mr() {
 fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
     let rig = Rig::new(config(16, 2, 0), 64);
     let ctx = rig.dev.context();
-    // SAFETY: `fake_dereg` only records the key; the test's MR is no provider object.
-    unsafe { register_device(ctx, DeviceOps { dereg_mr: fake_dereg, create_srq: None, destroy_srq: None }) };
+    replace_dereg(ctx);
     // SAFETY: all-zero is a valid `ibv_mr`.
     let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
     mr.context = ctx;
@@ -216,7 +226,7 @@ fn a_tracked_mr_is_untracked_once_its_deferred_deregistration_ran() {
     rig.q().track_mr(200).unwrap();
     rig.q().untrack_mr(201).unwrap();
     // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
-    unsafe { sqdisc::verbs::control::unregister_device(ctx) };
+    unsafe { device::unregister(ctx) }.unwrap();
 }
 
 #[test]

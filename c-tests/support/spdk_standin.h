@@ -5,11 +5,13 @@
  *     defines them makes the provider use them, as in SPDK master; the releases' path, librdmacm directly, is
  *     driven by scripts/check-spdk-dropin.sh;
  *   - SPDK's memory-domain refcount (spdk_rdma_utils_get/put_memory_domain) and its logger (spdk_log);
- *   - libibverbs' ibv_create_srq / ibv_destroy_srq / ibv_resize_cq, which reach a provider through private
- *     driver ops the software HCA does not have: these definitions in the program take precedence over
- *     libibverbs'.
+ *   - libibverbs' ibv_resize_cq, which reaches a provider through private driver ops the software HCA does not
+ *     have: this definition in the program takes precedence over libibverbs'.
  * The program must export them to the shared library (link with -rdynamic). Include this file in one
- * translation unit, after setting standin.sim to the device. It counts every call so tests can check them. */
+ * translation unit, after setting standin.sim to the device. It counts every call so tests can check them.
+ * The provider's SRQs reach the software HCA through the device seam (sqd_device_register), which the copy of
+ * sqdisc inside libsqdisc_spdk shares with libsqdisc: standin_count_srqs wraps the sim's registered
+ * create_srq / destroy_srq to count them. */
 
 #ifndef SQDISC_C_TESTS_SPDK_STANDIN_H
 #define SQDISC_C_TESTS_SPDK_STANDIN_H
@@ -121,26 +123,42 @@ void spdk_log(int level, const char *file, const int line, const char *func, con
     va_end(ap);
 }
 
-struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+/* The sim's own device ops, called by the counting ones below. */
+static struct sqd_device_ops standin_sim_ops;
+
+static int standin_create_srq(void *device, struct ibv_pd *pd, struct ibv_srq_init_attr *attr, struct ibv_srq **srq)
 {
-    struct ibv_srq *srq = NULL;
-    int rc;
-    (void)pd;
-    rc = sqd_sim_create_srq(standin.sim, attr, &srq);
-    if (rc) {
-        errno = -rc;
-        return NULL;
-    }
-    standin.srqs_created++;
-    return srq;
+    int rc = standin_sim_ops.create_srq(device, pd, attr, srq);
+    if (rc == 0)
+        standin.srqs_created++;
+    return rc;
 }
 
-int ibv_destroy_srq(struct ibv_srq *srq)
+static int standin_destroy_srq(void *device, struct ibv_srq *srq)
 {
-    int rc = sqd_sim_destroy_srq(srq);
+    int rc = standin_sim_ops.destroy_srq(device, srq);
     if (rc == 0)
         standin.srqs_destroyed++;
-    return -rc;
+    return rc;
+}
+
+/* Counts the SRQs made and destroyed on `sim` through the device seam, whichever copy of sqdisc asks. Returns 0,
+ * or what failed (negative). */
+static inline int standin_count_srqs(struct sqd_sim *sim)
+{
+    struct ibv_context *ctx = sqd_sim_context(sim);
+    struct sqd_device_ops ops;
+    int rc;
+    memset(&ops, 0, sizeof ops);
+    ops.size = sizeof ops;
+    rc = sqd_device_lookup(ctx, &ops);
+    if (rc != 1)
+        return rc < 0 ? rc : -ENOENT;
+    standin_sim_ops = ops;
+    ops.create_srq = standin_create_srq;
+    ops.destroy_srq = standin_destroy_srq;
+    rc = sqd_device_unregister(ctx);
+    return rc ? rc : sqd_device_register(ctx, &ops);
 }
 
 int ibv_resize_cq(struct ibv_cq *cq, int cqe)

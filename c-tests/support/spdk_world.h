@@ -62,6 +62,7 @@ static inline void world_new(struct world *w, const struct sqd_sim_config *cfg, 
     }
     CHECK_EQ(sqd_sim_new(cfg, &w->sim), 0);
     standin.sim = w->sim;
+    CHECK_EQ(standin_count_srqs(w->sim), 0);
     w->pd = sqd_sim_pd(w->sim);
     CHECK_EQ(sqd_sim_create_cq(w->sim, cqe, &w->cq), 0);
     w->buf = calloc(1, BUF);

@@ -369,15 +369,24 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
                 q.pending.borrow_mut().retain(|wc| wc.qp_num != qp_num);
             });
         }
+        // The queue and its QP handle go before the QP they point at: a device that knows which objects the
+        // library holds (the software HCA, through the device seam) refuses to destroy a held QP.
+        let domain = state.map(|state| {
+            let domain = state.domain().clone();
+            {
+                let _held = domain.lock();
+                drop(state);
+            }
+            domain
+        });
         if !s.public.qp.is_null() {
-            // SAFETY: the connection manager destroys the QP it made for this qpair, once. Providers discard the
-            // CQEs of a destroyed QP that are still in its CQs (mlx5, the software HCA).
+            // SAFETY: the connection manager destroys the QP it made for this qpair, once; nothing of the library
+            // points at it any more. Providers discard the CQEs of a destroyed QP that are still in its CQs (mlx5,
+            // the software HCA).
             unsafe { cm::destroy_qp(s.public.cm_id) };
         }
-        if let Some(state) = state {
-            let domain = state.domain().clone();
+        if let Some(domain) = domain {
             let held = domain.lock();
-            drop(state);
             release_unused_cqs(&mut held.borrow_mut());
         }
         if !s.public.domain.is_null() {
@@ -429,7 +438,7 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                     while !w.is_null() {
                         // SAFETY: SPDK's valid chain.
                         let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
-                        owed.push_back(flush_wc(wr_id, sqdisc::discipline::opcode::wc_opcode(opcode).map_or(0, u32::from), q.qp_num));
+                        owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
                         w = next;
                     }
                     let pending = q.pending.clone();

@@ -51,7 +51,7 @@ pub extern "C" fn spdk_rdma_provider_srq_create(init_attr: *mut SrqInitAttr) -> 
             return ptr::null_mut();
         }
         // SAFETY: a valid PD and attribute struct; the provider writes the granted attributes back.
-        let srq = match unsafe { sqdisc::verbs::control::create_srq(attr.pd, &mut attr.srq_init_attr) } {
+        let srq = match unsafe { sqdisc::verbs::create_srq(attr.pd, &mut attr.srq_init_attr) } {
             Ok(s) => s,
             Err(errno) => {
                 log_error(&format!("srq_create: creating the SRQ failed (errno {errno})"));
@@ -72,7 +72,7 @@ pub extern "C" fn spdk_rdma_provider_srq_create(init_attr: *mut SrqInitAttr) -> 
             Err(e) => {
                 log_error(&format!("srq_create: {}", e.message()));
                 // SAFETY: the SRQ made above, destroyed once.
-                unsafe { sqdisc::verbs::control::destroy_srq(srq) };
+                unsafe { sqdisc::verbs::destroy_srq(srq) };
                 return ptr::null_mut();
             }
         };
@@ -138,7 +138,7 @@ pub extern "C" fn spdk_rdma_provider_srq_destroy(srq: *mut ProviderSrq) -> c_int
         let mut s = unsafe { Box::from_raw(srq.cast::<ShimSrq>()) };
         drop(s.state.take());
         // SAFETY: the SRQ made in srq_create, destroyed once; its handle was dropped above.
-        let rc = unsafe { sqdisc::verbs::control::destroy_srq(s.public.srq) };
+        let rc = unsafe { sqdisc::verbs::destroy_srq(s.public.srq) };
         if rc != 0 {
             log_error(&format!("srq_destroy: destroying the SRQ failed (errno {rc})"));
         }

@@ -17,6 +17,8 @@ pub mod queue;
 pub mod scripted;
 pub mod sim;
 pub mod srq;
+// Last: its declarations close include/sqdisc.h.
+pub mod device;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

@@ -33,7 +33,10 @@ fn cq_device<'a>(cq: *mut ibv_cq) -> Result<&'a ScriptedDevice> {
 pub extern "C" fn sqd_scripted_new(out: *mut *mut ScriptedDevice) -> c_int {
     ffi_boundary!({
         let out = try_mut!(out, "out");
-        let device = ScriptedDevice::new();
+        let device = match ScriptedDevice::try_new() {
+            Ok(d) => d,
+            Err(e) => return fail(&e),
+        };
         // SAFETY: the device is only ever reached through this pointer, by reference; it is never moved, and
         // `sqd_scripted_free` drops it in place.
         *out = Box::into_raw(unsafe { Pin::into_inner_unchecked(device) });
@@ -55,7 +58,7 @@ pub extern "C" fn sqd_scripted_free(dev: *mut ScriptedDevice) -> c_int {
             return 0;
         }
         // SAFETY: a non-NULL `dev` is a live device from `sqd_scripted_new`.
-        let held = crate::verbs::managed::held_on(unsafe { &*dev }.context());
+        let held = unsafe { &*dev }.held_count();
         if held > 0 {
             return fail(&Error::new(
                 libc::EBUSY,

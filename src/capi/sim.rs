@@ -104,7 +104,7 @@ pub extern "C" fn sqd_sim_new(cfg: *const SimConfig, out: *mut *mut SimDevice) -
 pub extern "C" fn sqd_sim_free(sim: *mut SimDevice) -> c_int {
     ffi_boundary!({
         let Some(dev) = sim_ref(sim) else { return 0 };
-        let held = crate::verbs::managed::held_on(dev.context());
+        let held = dev.held_count();
         if held > 0 {
             return fail(&Error::new(
                 libc::EBUSY,

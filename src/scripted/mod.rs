@@ -34,8 +34,8 @@
 //! Granted sizes are exactly the requested ones (`cq->cqe` = the `cqe` asked for; caps as given). The device
 //! keeps every send WQE ever posted for inspection, so it is meant for tests, not long benchmarks.
 //!
-//! The scripting and inspection surface is the [`Scriptable`] trait, so that tests written against it can later
-//! run unchanged on a fuller device model. The C functions are in the library's C API (`sqd_scripted_*`).
+//! The scripting and inspection surface is the [`Scriptable`] trait (defined with the software HCA, which
+//! implements it too), so that tests written against it run unchanged on the fuller device model. The C functions are in the library's C API (`sqd_scripted_*`).
 //!
 //! Threading: a device and its objects are used by one thread at a time (`ScriptedDevice` is neither `Send`
 //! nor `Sync`). The ops callbacks never call back into user code, so the model's `RefCell` is never borrowed
@@ -49,167 +49,15 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
 
+use crate::sim::held::HeldObjects;
+pub use crate::sim::scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use crate::verbs::device::DeviceOps;
 use crate::{Error, Result};
 use model::Model;
-
-/// The capabilities of a scripted QP (granted exactly as requested).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScriptedQpCaps {
-    /// Send queue depth: 1..=32768.
-    pub max_send_wr: u32,
-    /// Receive queue depth: 1..=32768.
-    pub max_recv_wr: u32,
-    /// SGEs per send WR: 1..=64.
-    pub max_send_sge: u32,
-    /// SGEs per receive WR: 1..=64.
-    pub max_recv_sge: u32,
-    /// Bytes of inline data per send WR: 0..=4096.
-    pub max_inline_data: u32,
-}
-
-impl ScriptedQpCaps {
-    /// Caps with the given queue depths, 4 SGEs per WR and 64 bytes of inline data.
-    pub const fn with_depths(max_send_wr: u32, max_recv_wr: u32) -> ScriptedQpCaps {
-        ScriptedQpCaps { max_send_wr, max_recv_wr, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 }
-    }
-}
-
-/// Counters and state of one scripted QP.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScriptedQpStats {
-    /// `post_send` calls that posted at least one WQE.
-    pub doorbells: u64,
-    /// Send WQEs accepted (including WQEs posted while in error, which flush at once).
-    pub wqes_posted: u64,
-    /// Accepted send WQEs with `IBV_SEND_SIGNALED`.
-    pub signaled_wqes: u64,
-    /// Send slots held now: posted, and no CQE at or after them polled yet.
-    pub outstanding: u64,
-    /// The largest `outstanding` ever reached.
-    pub max_outstanding: u64,
-    /// Send WQEs executed by `complete` or `fail` (not flushed ones).
-    pub executed: u64,
-    /// CQEs generated for this QP, send and receive, including CQEs lost to a CQ overrun.
-    pub cqes_generated: u64,
-    /// `IBV_WC_WR_FLUSH_ERR` CQEs generated for this QP (send and receive).
-    pub flushed: u64,
-    /// Receive WRs accepted.
-    pub recv_posted: u64,
-    /// Receive slots held now: posted, and their CQE not polled yet.
-    pub recv_outstanding: u64,
-    /// Violations recorded against this QP.
-    pub violations: u64,
-    /// The QP is in the error state.
-    pub in_error: bool,
-}
-
-/// Counters and state of one scripted CQ.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScriptedCqStats {
-    /// CQEs the CQ holds (its `cqe`).
-    pub capacity: u64,
-    /// CQEs queued now, not yet polled.
-    pub queued: u64,
-    /// The largest `queued` ever reached.
-    pub max_queued: u64,
-    /// CQEs lost because the CQ was full.
-    pub overruns: u64,
-    /// The CQ overran (a real CQ would now be unusable).
-    pub in_error: bool,
-    /// `req_notify_cq` calls.
-    pub arms: u64,
-}
-
-/// A copy of one send WQE as posted, with its fate so far.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScriptedWqe {
-    pub wr_id: u64,
-    /// `enum ibv_wr_opcode` value.
-    pub opcode: u32,
-    /// `enum ibv_send_flags` bits.
-    pub send_flags: u32,
-    pub num_sge: i32,
-    /// Length of the first SGE (0 when there is none).
-    pub first_sge_length: u32,
-    /// Address of the first SGE (0 when there is none).
-    pub first_sge_addr: u64,
-    /// Sum of the lengths of all SGEs.
-    pub total_length: u64,
-    /// lkey of the first SGE (0 when there is none).
-    pub first_sge_lkey: u32,
-    /// The WR's `imm_data` (network byte order) or `invalidate_rkey`: the same field.
-    pub imm_data: u32,
-    /// `wr.rdma.remote_addr`, or `wr.atomic.remote_addr` for atomics.
-    pub remote_addr: u64,
-    /// `wr.rdma.rkey`, or `wr.atomic.rkey` for atomics.
-    pub rkey: u32,
-    /// Completion status once `executed` or `flushed` (`enum ibv_wc_status`), else 0.
-    pub status: u32,
-    /// `wr.atomic.compare_add` for atomics, else 0.
-    pub compare_add: u64,
-    /// `wr.atomic.swap` for atomics, else 0.
-    pub swap: u64,
-    /// Posted with `IBV_SEND_SIGNALED`.
-    pub signaled: bool,
-    /// Executed (successfully, or failed by `fail`).
-    pub executed: bool,
-    /// Flushed with `IBV_WC_WR_FLUSH_ERR`.
-    pub flushed: bool,
-}
-
-/// The scripting and inspection surface of a test device. Tests written against this trait can run on any
-/// device model that implements it.
-///
-/// QP and CQ arguments are pointers the device made; a pointer the device does not know is an `EINVAL` error,
-/// never dereferenced.
-pub trait Scriptable {
-    /// The device's `struct ibv_context` (its ops table reaches the model).
-    fn context(&self) -> *mut ibv_context;
-    /// The device's protection domain.
-    fn pd(&self) -> *mut ibv_pd;
-    /// Makes a CQ holding `cqe` CQEs (1..=4194304).
-    fn create_cq(&self, cqe: i32) -> Result<*mut ibv_cq>;
-    /// Makes an RC QP in the RTS state on CQs of this device.
-    fn create_qp(&self, send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, caps: &ScriptedQpCaps) -> Result<*mut ibv_qp>;
-    /// Destroys a QP; its CQEs not yet polled are removed from its CQs.
-    fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()>;
-    /// Destroys a CQ; `EBUSY` while a QP uses it.
-    fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()>;
-    /// The next `n` send WQEs not yet executed execute successfully, in order; signaled ones push a success
-    /// CQE. Returns how many executed (fewer than `n` if fewer were waiting).
-    fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize>;
-    /// The next send WQE not yet executed fails with `status` (an error CQE, signaled or not); the QP moves to
-    /// the error state and every later send WQE, then every posted receive, flushes. `ENOENT` if no send WQE
-    /// is waiting; `EINVAL` for `IBV_WC_SUCCESS`.
-    fn fail(&self, qp: *mut ibv_qp, status: u32, vendor_err: u32) -> Result<()>;
-    /// Moves the QP to the error state (as `ibv_modify_qp` to ERR): every send WQE not yet executed, then every
-    /// posted receive, flushes with its own CQE.
-    fn set_error(&self, qp: *mut ibv_qp) -> Result<()>;
-    /// The oldest posted receive completes with `IBV_WC_RECV` and `byte_len`; with `imm` (network byte order)
-    /// the CQE has `IBV_WC_WITH_IMM`. `ENOENT` if no receive is posted.
-    fn deliver(&self, qp: *mut ibv_qp, byte_len: u32, imm: Option<u32>) -> Result<()>;
-    fn qp_stats(&self, qp: *mut ibv_qp) -> Result<ScriptedQpStats>;
-    fn qp_caps(&self, qp: *mut ibv_qp) -> Result<ScriptedQpCaps>;
-    fn cq_stats(&self, cq: *mut ibv_cq) -> Result<ScriptedCqStats>;
-    /// The `index`-th send WQE ever posted on `qp` (0 = first); `ENOENT` beyond the last.
-    fn wqe(&self, qp: *mut ibv_qp, index: usize) -> Result<ScriptedWqe>;
-    /// Makes the provider refuse send WRs at post time, as a provider refuses a WR it does not support: from now
-    /// on every send WR of `qp` with `opcode` (an `enum ibv_wr_opcode` value) is refused with `errno` (its
-    /// `post_send` returns `errno` with `*bad_wr` at that WR; it and the WRs after it in that chain are not
-    /// posted), whenever it is posted. No violation is recorded. `errno` 0 lifts the refusal; `EINVAL` above
-    /// 4095.
-    fn refuse_opcode(&self, qp: *mut ibv_qp, opcode: u32, errno: i32) -> Result<()>;
-    /// Every violation recorded on the device so far, oldest first.
-    fn violations(&self) -> Vec<String>;
-}
 
 /// Identifies a context as one of ours (checked after `abi_compat` matches).
 const CONTEXT_MAGIC: u64 = 0x7371_645f_7363_7270; // "sqd_scrp"
@@ -232,12 +80,12 @@ fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
     LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The deregistration the device registers with [`crate::verbs::control::register_device`]: what
+/// The deregistration the device registers with [`crate::verbs::device::register`]: what
 /// `sqd_scripted_dereg_mr` does, as 0 or a positive errno.
 ///
 /// # Safety
 /// The device that registered `mr`, if any, is alive and not in use by another thread.
-unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
+unsafe extern "C" fn dereg_for_library(_device: *mut std::ffi::c_void, mr: *mut ibv_mr) -> i32 {
     // SAFETY: as this function's caller promises.
     match unsafe { ScriptedDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
         Ok(()) => 0,
@@ -263,12 +111,20 @@ pub struct ScriptedDevice {
     pd: *mut ibv_pd,
     ibdev: *mut ibv_device,
     model: RefCell<Model>,
+    /// The CQs and QPs the library's handles hold (told through the device seam): not destroyed while held.
+    held: Arc<HeldObjects>,
     _pinned: PhantomPinned,
 }
 
 impl ScriptedDevice {
-    /// A new device with no CQs or QPs.
+    /// A new device with no CQs or QPs. Panics if the device cannot be registered with the library (out of
+    /// memory): see [`ScriptedDevice::try_new`].
     pub fn new() -> Pin<Box<ScriptedDevice>> {
+        ScriptedDevice::try_new().unwrap_or_else(|e| panic!("cannot make a scripted device: {e}"))
+    }
+
+    /// A new device with no CQs or QPs; `ENOMEM` if it cannot be registered with the library.
+    pub fn try_new() -> Result<Pin<Box<ScriptedDevice>>> {
         // SAFETY: `ibv_device` is plain data (integers, char arrays, nullable fn pointers): zero is valid.
         let mut ibdev: Box<ibv_device> = Box::new(unsafe { std::mem::zeroed() });
         for (dst, src) in ibdev.name.iter_mut().zip(b"sqd_scripted0".iter()) {
@@ -293,19 +149,23 @@ impl ScriptedDevice {
         let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
         let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
 
-        let device = Box::pin(ScriptedDevice { ctx, pd, ibdev, model: RefCell::new(Model::new()), _pinned: PhantomPinned });
+        let device = Box::pin(ScriptedDevice {
+            ctx,
+            pd,
+            ibdev,
+            model: RefCell::new(Model::new()),
+            held: HeldObjects::new(),
+            _pinned: PhantomPinned,
+        });
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
+        let ops = DeviceOps { dereg_mr: Some(dereg_for_library), ..DeviceOps::empty(std::ptr::null_mut()) };
         // SAFETY: `dereg_for_library` deregisters this device's MRs as `ibv_dereg_mr` would (it finds the device
-        // by the MR's address and refuses MRs it does not know).
-        unsafe {
-            crate::verbs::control::register_device(
-                ctx.cast(),
-                crate::verbs::control::DeviceOps { dereg_mr: dereg_for_library, create_srq: None, destroy_srq: None },
-            )
-        };
-        device
+        // by the MR's address and refuses MRs it does not know); `held`'s two functions outlive every hold. The
+        // device unregisters in its `Drop`.
+        unsafe { crate::verbs::device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
+        Ok(device)
     }
 
     /// The device that registered `mr`. Only the address is looked up: `mr` is never read, so a pointer that is
@@ -436,14 +296,19 @@ impl ScriptedDevice {
 
     /// Destroys a QP; `EBUSY` while a library handle (a managed queue) holds it.
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
-        crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
+        self.held.check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
         self.model.borrow_mut().destroy_qp(qp)
     }
 
     /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
-        crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
+        self.held.check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
         self.model.borrow_mut().destroy_cq(cq)
+    }
+
+    /// How many of its CQs and QPs the library's handles hold (the device is not freed while any is).
+    pub fn held_count(&self) -> usize {
+        self.held.count()
     }
 
     pub fn complete(&self, qp: *mut ibv_qp, n: usize) -> Result<usize> {
@@ -585,8 +450,8 @@ impl Scriptable for ScriptedDevice {
 
 impl Drop for ScriptedDevice {
     fn drop(&mut self) {
-        // SAFETY: the device is going: none of its objects is torn down after this.
-        unsafe { crate::verbs::control::unregister_device(self.context()) };
+        // SAFETY: the device is going: none of its objects is torn down after this. It was registered in `new`.
+        let _ = unsafe { crate::verbs::device::unregister(self.context()) };
         {
             let mut live = live_mrs();
             for mr in self.model.get_mut().mr_keys() {

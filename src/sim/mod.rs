@@ -49,13 +49,16 @@
 //! re-entrantly and never ordered against a caller's own locks (such as sqdisc's per-CQ locks).
 
 mod events;
+pub mod held;
 mod model;
 mod ops;
+pub mod scriptable;
 
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdma_sys::{
@@ -63,9 +66,11 @@ use rdma_sys::{
     ibv_srq_init_attr,
 };
 
-use crate::scripted::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use crate::verbs::device::DeviceOps;
 use crate::{Error, Result};
 pub use events::{AsyncElement, AsyncEvent};
+use held::HeldObjects;
 use model::Model;
 
 /// `flags`: posting into a full SQ or RQ is also logged as a violation (it always fails with `ENOMEM`).
@@ -325,6 +330,8 @@ pub struct SimDevice {
     refusals: Mutex<Vec<(usize, u32, i32)>>,
     /// Whether `refusals` holds any: `post_send` looks at the list only then.
     refusal_armed: AtomicBool,
+    /// The CQs, QPs and SRQs the library's handles hold (told through the device seam): not destroyed while held.
+    held: Arc<HeldObjects>,
     _pinned: PhantomPinned,
 }
 
@@ -384,25 +391,25 @@ impl SimDevice {
             model: Mutex::new(model),
             refusals: Mutex::new(Vec::new()),
             refusal_armed: AtomicBool::new(false),
+            held: HeldObjects::new(),
             _pinned: PhantomPinned,
         });
         // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
         // The device is pinned, so the address stored stays valid until the device is dropped.
         unsafe { (*ctx).device = &*device };
         // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
-        // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead.
-        // SAFETY: the three functions do on this device's objects what the libibverbs calls would (each finds the
-        // device from the object and refuses objects of no live sim device).
-        unsafe {
-            crate::verbs::control::register_device(
-                ctx.cast(),
-                crate::verbs::control::DeviceOps {
-                    dereg_mr: dereg_for_library,
-                    create_srq: Some(create_srq_for_library),
-                    destroy_srq: Some(destroy_srq_for_library),
-                },
-            )
+        // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead; the library's handles
+        // report what they hold into `held`.
+        let ops = DeviceOps {
+            dereg_mr: Some(dereg_for_library),
+            create_srq: Some(create_srq_for_library),
+            destroy_srq: Some(destroy_srq_for_library),
+            ..DeviceOps::empty(std::ptr::null_mut())
         };
+        // SAFETY: the three functions do on this device's objects what the libibverbs calls would (each finds the
+        // device from the object and refuses objects of no live sim device), from any thread; `held`'s two
+        // outlive every hold. The device unregisters in its `Drop`.
+        unsafe { crate::verbs::device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
         Ok(device)
     }
 
@@ -578,7 +585,7 @@ impl SimDevice {
 
     /// Destroys an SRQ; `EBUSY` while a QP uses it or a library handle (a managed SRQ) holds it. Receives still posted on it never complete.
     pub fn destroy_srq(&self, srq: *mut ibv_srq) -> Result<()> {
-        crate::verbs::managed::check_unheld(srq, "srq", "an sqd_srq (sqd_srq_free it first)")?;
+        self.held.check_unheld(srq, "srq", "an sqd_srq (sqd_srq_free it first)")?;
         self.model.lock().destroy_srq(srq)
     }
 
@@ -618,7 +625,7 @@ impl SimDevice {
 
     /// Destroys a CQ; `EBUSY` while a QP uses it or a library handle (a managed CQ) holds it. Its pointer dangles afterwards.
     pub fn destroy_cq(&self, cq: *mut ibv_cq) -> Result<()> {
-        crate::verbs::managed::check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
+        self.held.check_unheld(cq, "cq", "an sqd_cq (sqd_cq_free it first)")?;
         self.model.lock().destroy_cq(cq)
     }
 
@@ -648,7 +655,7 @@ impl SimDevice {
     /// Destroys a QP whatever it holds (`EBUSY` while a library handle, a managed queue, holds it); its CQEs not yet polled are removed from its CQs. Packets in flight to
     /// it are dropped; its peer, if any, stays connected to nothing (its requests time out).
     pub fn destroy_qp(&self, qp: *mut ibv_qp) -> Result<()> {
-        crate::verbs::managed::check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
+        self.held.check_unheld(qp, "qp", "an sqd_queue (sqd_queue_free it first)")?;
         self.model.lock().destroy_qp(qp)?;
         self.forget_refusals(qp);
         Ok(())
@@ -827,30 +834,52 @@ impl Scriptable for SimDevice {
 }
 
 impl SimDevice {
+    /// How many of its CQs, QPs and SRQs the library's handles hold (the device is not freed while any is).
+    pub fn held_count(&self) -> usize {
+        self.held.count()
+    }
+
+    /// How many of the library's handles hold `obj` (a CQ, QP or SRQ of the device).
+    pub fn holders<T>(&self, obj: *const T) -> u32 {
+        self.held.holders(obj)
+    }
+
     /// The state a QP was made in, for tests: INIT until connected (RTS in null mode), ERR after an error.
     pub fn qp_state(&self, qp: *mut ibv_qp) -> Result<ibv_qp_state::Type> {
         self.model.lock().qp_state(qp)
     }
 }
 
-/// The SRQ creation the device registers with [`crate::verbs::control::register_device`]: what
+/// The SRQ creation the device registers with [`crate::verbs::device::register`]: what
 /// [`SimDevice::create_srq`] does on the PD's device.
 ///
 /// # Safety
-/// `pd` is a valid PD of a live sim device and `attr` a valid, writable attribute struct.
-unsafe fn create_srq_for_library(pd: *mut ibv_pd, attr: *mut rdma_sys::ibv_srq_init_attr) -> std::result::Result<*mut rdma_sys::ibv_srq, i32> {
+/// `pd` is a valid PD of a live sim device, `attr` a valid, writable attribute struct and `out` writable.
+unsafe extern "C" fn create_srq_for_library(
+    _device: *mut c_void,
+    pd: *mut ibv_pd,
+    attr: *mut rdma_sys::ibv_srq_init_attr,
+    out: *mut *mut rdma_sys::ibv_srq,
+) -> i32 {
     // SAFETY: as this function's caller promises.
-    let device = unsafe { SimDevice::from_context((*pd).context) }.ok_or(libc::EINVAL)?;
+    let Some(device) = (unsafe { SimDevice::from_context((*pd).context) }) else { return libc::EINVAL };
     // SAFETY: as this function's caller promises.
-    let attr = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
-    device.create_srq(attr).map_err(|e| e.errno())
+    let Some(attr) = (unsafe { attr.as_mut() }) else { return libc::EINVAL };
+    match device.create_srq(attr) {
+        Ok(srq) => {
+            // SAFETY: writable (the caller's promise).
+            unsafe { out.write(srq) };
+            0
+        }
+        Err(e) => e.errno(),
+    }
 }
 
-/// The SRQ destruction the device registers with [`crate::verbs::control::register_device`].
+/// The SRQ destruction the device registers with [`crate::verbs::device::register`].
 ///
 /// # Safety
 /// `srq` is a valid SRQ of a live sim device.
-unsafe fn destroy_srq_for_library(srq: *mut rdma_sys::ibv_srq) -> i32 {
+unsafe extern "C" fn destroy_srq_for_library(_device: *mut c_void, srq: *mut rdma_sys::ibv_srq) -> i32 {
     // SAFETY: as this function's caller promises.
     match unsafe { SimDevice::from_context((*srq).context) } {
         Some(device) => device.destroy_srq(srq).err().map_or(0, |e| e.errno()),
@@ -858,12 +887,12 @@ unsafe fn destroy_srq_for_library(srq: *mut rdma_sys::ibv_srq) -> i32 {
     }
 }
 
-/// The deregistration the device registers with [`crate::verbs::control::register_device`]: what
+/// The deregistration the device registers with [`crate::verbs::device::register`]: what
 /// [`SimDevice::dereg_mr`] does, as 0 or a positive errno.
 ///
 /// # Safety
 /// The device that registered `mr`, if any, is alive and not in use by another thread.
-unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
+unsafe extern "C" fn dereg_for_library(_device: *mut c_void, mr: *mut ibv_mr) -> i32 {
     // SAFETY: as this function's caller promises.
     match unsafe { SimDevice::from_mr(mr) }.and_then(|dev| dev.dereg_mr(mr)) {
         Ok(()) => 0,
@@ -873,8 +902,8 @@ unsafe fn dereg_for_library(mr: *mut ibv_mr) -> i32 {
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
-        // SAFETY: the device is going: none of its objects is torn down after this.
-        unsafe { crate::verbs::control::unregister_device(self.context()) };
+        // SAFETY: the device is going: none of its objects is torn down after this. It was registered in `new`.
+        let _ = unsafe { crate::verbs::device::unregister(self.context()) };
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every MR, QP and CQ referring to them was freed by `clear` above.

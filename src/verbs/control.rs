@@ -1,56 +1,14 @@
 //! Control-path calls the library makes only where the ULP asks for them (deferred deregistration and
-//! deallocation, SRQs made on a ULP's behalf), and the table that lets a software device provide its own.
+//! deallocation, SRQs made on a ULP's behalf).
 //!
 //! `ibv_dereg_mr`, `ibv_create_srq` and `ibv_destroy_srq` are libibverbs functions that reach the provider
 //! through private driver ops, so a device that only fills in the public ops table (the software HCA)
-//! registers its own versions here, keyed by its `struct ibv_context`. `ibv_dealloc_mw` goes through the public
-//! ops table and needs no entry.
+//! registers its own versions with [`super::device`], keyed by its `struct ibv_context`. `ibv_dealloc_mw` goes
+//! through the public ops table and needs no entry.
 
-use std::sync::Mutex;
+use rdma_sys::{ibv_mr, ibv_mw, ibv_pd, ibv_srq, ibv_srq_init_attr};
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_mw, ibv_pd, ibv_srq, ibv_srq_init_attr};
-
-/// Deregisters an MR of one device; returns 0 or a positive errno, as `ibv_dereg_mr` does.
-pub type DeregMrFn = unsafe fn(*mut ibv_mr) -> i32;
-/// Creates an SRQ on a PD of one device, writing the granted attributes back, as `ibv_create_srq` does; a
-/// positive errno on failure.
-pub type CreateSrqFn = unsafe fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> std::result::Result<*mut ibv_srq, i32>;
-/// Destroys an SRQ of one device; 0 or a positive errno, as `ibv_destroy_srq` does.
-pub type DestroySrqFn = unsafe fn(*mut ibv_srq) -> i32;
-
-/// A software device's versions of the control-path calls.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceOps {
-    pub dereg_mr: DeregMrFn,
-    pub create_srq: Option<CreateSrqFn>,
-    pub destroy_srq: Option<DestroySrqFn>,
-}
-
-static DEVICES: Mutex<Vec<(usize, DeviceOps)>> = Mutex::new(Vec::new());
-
-fn device_ops(ctx: *mut ibv_context) -> Option<DeviceOps> {
-    DEVICES.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == ctx as usize).map(|(_, o)| *o)
-}
-
-/// Makes `ops` the control path of objects whose `context` is `ctx` (until `unregister_device`).
-///
-/// # Safety
-/// Each function of `ops` keeps the contract of the libibverbs call it stands for on every object of `ctx`:
-/// the library calls them with no other promise than that call's own.
-pub unsafe fn register_device(ctx: *mut ibv_context, ops: DeviceOps) {
-    let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-    d.retain(|(c, _)| *c != ctx as usize);
-    d.push((ctx as usize, ops));
-}
-
-/// Ends `register_device(ctx, ..)`: objects of `ctx` go to libibverbs' own calls from now on.
-///
-/// # Safety
-/// Those calls work on `ctx`'s objects (its provider implements them), or the library tears none of them down
-/// after this: a software device's objects handed to `ibv_dereg_mr` or `ibv_destroy_srq` are undefined behaviour.
-pub unsafe fn unregister_device(ctx: *mut ibv_context) {
-    DEVICES.lock().unwrap_or_else(|e| e.into_inner()).retain(|(c, _)| *c != ctx as usize);
-}
+use super::device;
 
 /// Deregisters `mr`: through the device's registered function, else `ibv_dereg_mr`.
 ///
@@ -59,9 +17,10 @@ pub unsafe fn unregister_device(ctx: *mut ibv_context) {
 pub unsafe fn dereg_mr(mr: *mut ibv_mr) -> i32 {
     // SAFETY: `mr` is valid (caller's promise); a field read.
     let ctx = unsafe { (*mr).context };
-    match device_ops(ctx) {
+    match device::lookup(ctx) {
         // SAFETY: the device registered this function for its MRs; `mr` is one of them.
-        Some(ops) => unsafe { (ops.dereg_mr)(mr) },
+        Some(device::DeviceOps { device, dereg_mr: Some(f), .. }) => unsafe { f(device, mr) },
+        Some(_) => libc::EOPNOTSUPP,
         // SAFETY: a provider's MR, deregistered once (caller's promise).
         None => unsafe { rdma_sys::ibv_dereg_mr(mr) },
     }
@@ -75,9 +34,16 @@ pub unsafe fn dereg_mr(mr: *mut ibv_mr) -> i32 {
 pub unsafe fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> std::result::Result<*mut ibv_srq, i32> {
     // SAFETY: `pd` is valid (caller's promise); a field read.
     let ctx = unsafe { (*pd).context };
-    match device_ops(ctx) {
-        // SAFETY: the device registered this function for its PDs; the caller's promise covers the arguments.
-        Some(DeviceOps { create_srq: Some(f), .. }) => unsafe { f(pd, attr) },
+    match device::lookup(ctx) {
+        Some(device::DeviceOps { device, create_srq: Some(f), .. }) => {
+            let mut srq: *mut ibv_srq = std::ptr::null_mut();
+            // SAFETY: the device registered this function for its PDs; the caller's promise covers the arguments.
+            match unsafe { f(device, pd, attr, &mut srq) } {
+                0 if !srq.is_null() => Ok(srq),
+                0 => Err(libc::EIO),
+                rc => Err(rc.saturating_abs()),
+            }
+        }
         Some(_) => Err(libc::EOPNOTSUPP),
         None => {
             // SAFETY: a provider's PD and a valid attribute struct (caller's promise).
@@ -98,9 +64,9 @@ pub unsafe fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> std::
 pub unsafe fn destroy_srq(srq: *mut ibv_srq) -> i32 {
     // SAFETY: `srq` is valid (caller's promise); a field read.
     let ctx = unsafe { (*srq).context };
-    match device_ops(ctx) {
+    match device::lookup(ctx) {
         // SAFETY: the device registered this function for its SRQs; `srq` is one of them.
-        Some(DeviceOps { destroy_srq: Some(f), .. }) => unsafe { f(srq) },
+        Some(device::DeviceOps { device, destroy_srq: Some(f), .. }) => unsafe { f(device, srq) },
         Some(_) => libc::EOPNOTSUPP,
         // SAFETY: a provider's SRQ, destroyed once (caller's promise).
         None => unsafe { rdma_sys::ibv_destroy_srq(srq) },

@@ -17,6 +17,8 @@ pub struct CqHandle {
     poll: PollFn,
     notify: Option<NotifyFn>,
     capacity: u32,
+    /// Tells a registered software device, when dropped, that this handle no longer holds the object.
+    _hold: super::device::Hold,
 }
 
 impl CqHandle {
@@ -39,8 +41,8 @@ impl CqHandle {
         if cqe <= 0 {
             return Err(Error::invalid(format!("cq->cqe is {cqe}: a CQ must hold at least one CQE")));
         }
-        super::managed::hold(cq.as_ptr(), ctx)?;
-        Ok(CqHandle { cq, poll, notify, capacity: cqe as u32 })
+        let hold = super::device::Hold::new(ctx, cq.as_ptr(), "cq")?;
+        Ok(CqHandle { cq, poll, notify, capacity: cqe as u32, _hold: hold })
     }
 
     /// Wraps a CQ whose provider ops are `poll` and `notify`, for code that has replaced the context's ops
@@ -95,11 +97,5 @@ impl CqHandle {
             return Err(Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error")));
         }
         Ok((got as usize).min(out.len()))
-    }
-}
-
-impl Drop for CqHandle {
-    fn drop(&mut self) {
-        super::managed::release(self.cq.as_ptr());
     }
 }

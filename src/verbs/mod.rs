@@ -8,7 +8,7 @@
 mod callback;
 pub mod control;
 mod cq;
-pub mod managed;
+pub mod device;
 mod pool;
 mod qp;
 mod srq;
@@ -17,6 +17,9 @@ pub mod verify;
 mod wr;
 
 pub use callback::{ForeignDeferred, ForeignRelease};
+/// SRQs made and destroyed as `ibv_create_srq` / `ibv_destroy_srq` do, reaching a registered software device's
+/// own calls ([`device`]): for code that makes SRQs on a ULP's behalf (the SPDK provider).
+pub use control::{create_srq, destroy_srq};
 pub use cq::{CqHandle, NotifyFn, PollFn};
 pub use pool::{BacklogPool, BacklogPoolStats};
 pub use qp::{PostFailure, QpHandle};
@@ -36,6 +39,14 @@ pub fn wc_invalidated_rkey(wc: &ibv_wc) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// The work-completion opcode (`enum ibv_wc_opcode`) that a send WR of `wr_opcode` (`enum ibv_wr_opcode`)
+/// completes with on an RC QP, or `None` for an opcode RC does not have: what a provider reports in the CQE of
+/// a WR it flushes.
+#[inline]
+pub fn wc_opcode_of(wr_opcode: u32) -> Option<u8> {
+    crate::discipline::opcode::wc_opcode(wr_opcode)
 }
 
 /// libibverbs providers return a positive errno; some return it negated. Normalise to positive.

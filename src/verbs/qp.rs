@@ -25,6 +25,8 @@ pub struct QpHandle {
     post_send: PostSendFn,
     post_recv: Option<PostRecvFn>,
     qp_num: u32,
+    /// Tells a registered software device, when dropped, that this handle no longer holds the object.
+    _hold: super::device::Hold,
 }
 
 impl QpHandle {
@@ -49,8 +51,8 @@ impl QpHandle {
         // SAFETY: a valid QP's context is valid (the caller's promise).
         let ops = unsafe { &(*ctx).ops };
         let post_send = ops.post_send.ok_or_else(|| Error::invalid("the QP's provider has no post_send op"))?;
-        super::managed::hold(qp.as_ptr(), ctx)?;
-        Ok(QpHandle { qp, post_send, post_recv: ops.post_recv, qp_num })
+        let hold = super::device::Hold::new(ctx, qp.as_ptr(), "qp")?;
+        Ok(QpHandle { qp, post_send, post_recv: ops.post_recv, qp_num, _hold: hold })
     }
 
     pub fn as_ptr(&self) -> *mut ibv_qp {
@@ -132,12 +134,6 @@ impl QpHandle {
             return Ok(());
         }
         Err(PostFailure { errno: errno_of(ret), posted: count_recv_until(first, bad) })
-    }
-}
-
-impl Drop for QpHandle {
-    fn drop(&mut self) {
-        super::managed::release(self.qp.as_ptr());
     }
 }
 

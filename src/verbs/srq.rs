@@ -15,6 +15,8 @@ type PostSrqRecvFn = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *
 pub struct SrqHandle {
     srq: NonNull<ibv_srq>,
     post: PostSrqRecvFn,
+    /// Tells a registered software device, when dropped, that this handle no longer holds the object.
+    _hold: super::device::Hold,
 }
 
 impl SrqHandle {
@@ -30,8 +32,8 @@ impl SrqHandle {
         }
         // SAFETY: a valid SRQ's context is valid (the caller's promise).
         let post = unsafe { (*ctx).ops.post_srq_recv }.ok_or_else(|| Error::invalid("the SRQ's provider has no post_srq_recv op"))?;
-        super::managed::hold(srq.as_ptr(), ctx)?;
-        Ok(SrqHandle { srq, post })
+        let hold = super::device::Hold::new(ctx, srq.as_ptr(), "srq")?;
+        Ok(SrqHandle { srq, post, _hold: hold })
     }
 
     pub fn as_ptr(&self) -> *mut ibv_srq {
@@ -47,11 +49,5 @@ impl SrqHandle {
             return Ok(());
         }
         Err(PostFailure { errno: errno_of(ret), posted: super::qp::count_recv_until(first, bad) })
-    }
-}
-
-impl Drop for SrqHandle {
-    fn drop(&mut self) {
-        super::managed::release(self.srq.as_ptr());
     }
 }
