@@ -27,8 +27,8 @@ pub(crate) trait AttachedQueue<C> {
     fn recv_cq(&self) -> Option<&Rc<C>>;
     /// Processes one CQE of this queue, then hands out every release it made due.
     fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate;
-    /// Called at the end of a poll of the send CQ while this queue is watched.
-    fn check_idle_tail(&self, now: bool) -> IdleCheck;
+    /// Called at the end of a poll of the send CQ (in its poll cycle `cycle`) while this queue is watched.
+    fn check_idle_tail(&self, now: bool, cycle: u64) -> IdleCheck;
     /// No CQE may come for this queue's WRs any more: release them all now.
     fn abandon(&self);
 }

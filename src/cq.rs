@@ -54,6 +54,14 @@ pub(crate) struct CqShared {
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
+    /// Poll cycles: bumped at the end of every idle-tail pass. A queue remembers the cycle in which it last left
+    /// an unsignaled tail (`QueueShared::tail_left`), so that the pass needs no per-queue flag reset.
+    cycle: Cell<u64>,
+    /// Entries in `CqState::watch` (kept here so that the end of a poll reads it without a borrow).
+    watching: Cell<u32>,
+    /// Watched queues that left a tail in this cycle, each counted once (at most `watching`; 0 when unsure, which
+    /// only costs a pass). When it equals `watching` no watched queue can be idle: the pass is skipped.
+    posted: Cell<u32>,
     /// Where the queues whose sends complete here park WRs. Borrowed by a queue with its own state borrowed
     /// (queue -> pool), never the other way, and never across a callback or a call into another object.
     pub(crate) pool: RefCell<BacklogPool>,
@@ -141,6 +149,9 @@ impl Cq {
                 counts: Counts::default(),
                 polling: Cell::new(false),
                 armed: Cell::new(false),
+                cycle: Cell::new(0),
+                watching: Cell::new(0),
+                posted: Cell::new(0),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
                 pool: RefCell::new(BacklogPool::default()),
             }),
@@ -265,6 +276,7 @@ impl Cq {
     /// parked WRs as credits return, and covers idle unsignaled tails. Reaps at most the CQ's capacity of CQEs
     /// beyond `out.len()` (every CQE present when it began among them), so callbacks that keep posting cannot
     /// hold it forever.
+    #[inline]
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.poll(out)
     }
@@ -359,11 +371,27 @@ impl CqShared {
         st.free.push(index);
         st.budget.release(need);
         st.watch.retain(|&i| i != index);
+        self.watching.set(st.watch.len() as u32);
+        // The queue may have been counted in `posted`: the next pass checks every queue.
+        self.posted.set(0);
     }
 
     /// Asks the next poll to check this queue's tail.
     pub(crate) fn watch(&self, index: u32) {
         self.state.borrow_mut().watch.push(index);
+        self.watching.set(self.watching.get() + 1);
+    }
+
+    /// The current poll cycle (see `cycle`).
+    #[inline]
+    pub(crate) fn cycle(&self) -> u64 {
+        self.cycle.get()
+    }
+
+    /// A watched queue left a tail for the first time in this cycle.
+    #[inline]
+    pub(crate) fn note_posted(&self) {
+        self.posted.set(self.posted.get() + 1);
     }
 
     fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<dyn AttachedQueue<CqShared>>> {
@@ -374,6 +402,7 @@ impl CqShared {
         }
     }
 
+    #[inline(always)]
     fn poll(self: &Rc<Self>, out: &mut [ibv_wc]) -> Result<usize> {
         if self.polling.replace(true) {
             return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
@@ -381,19 +410,37 @@ impl CqShared {
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         bump(&self.counts.polls, 1);
+        // The common poll finds the CQ empty: one provider call, no reaping.
+        let kept = if out.is_empty() {
+            0
+        } else {
+            match self.handle.poll(out)? {
+                0 => {
+                    bump(&self.counts.empty_polls, 1);
+                    0
+                }
+                n => self.reap_batches(out, n)?,
+            }
+        };
+        self.cover_idle_tails(false);
+        bump(&self.counts.visible, kept as u64);
+        Ok(kept)
+    }
+
+    /// The reaping loop of `poll`, after the provider's first call put `first` CQEs in `out`: processes them,
+    /// then polls again while the CQ fills the caller's room. Returns how many entries of `out` are kept.
+    #[inline(never)]
+    fn reap_batches(&self, out: &mut [ibv_wc], first: usize) -> Result<usize> {
         let mut kept = 0;
+        let mut n = first;
         // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
         // reaped, and hidden CQEs fill no room in `out`, so without a limit one call could run forever. The
         // limit is a full CQ beyond `out`: every CQE present when the call began is reaped first (a CQ
         // completes in order and holds at most its capacity), so a 0 from `arm` still means nothing was missed.
         let mut reaped = 0usize;
         let mut limit = usize::MAX;
-        while kept < out.len() {
+        loop {
             let room = out.len() - kept;
-            if reaped >= limit {
-                break;
-            }
-            let n = self.handle.poll(&mut out[kept..])?;
             reaped += n;
             let mut w = kept;
             for i in kept..kept + n {
@@ -422,9 +469,11 @@ impl CqShared {
             if limit == usize::MAX {
                 limit = self.state.borrow().budget.capacity() as usize + out.len();
             }
+            if kept >= out.len() || reaped >= limit {
+                break;
+            }
+            n = self.handle.poll(&mut out[kept..])?;
         }
-        self.cover_idle_tails(false);
-        bump(&self.counts.visible, kept as u64);
         Ok(kept)
     }
 
@@ -500,17 +549,32 @@ impl CqShared {
     }
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:
-    /// every watched queue's tail, posted to recently or not).
+    /// every watched queue's tail, posted to recently or not), and starts the next cycle.
+    #[inline]
+    fn cover_idle_tails(&self, now: bool) {
+        // The common end of a poll: every watched queue (or none) was posted to in this cycle, so none is idle.
+        if !now && self.posted.get() == self.watching.get() {
+            self.next_cycle();
+            return;
+        }
+        self.check_watched(now);
+    }
+
+    #[inline]
+    fn next_cycle(&self) {
+        self.cycle.set(self.cycle.get() + 1);
+        self.posted.set(0);
+    }
+
+    /// The pass of `cover_idle_tails` over the watched queues.
     ///
     /// One pass in place under the CQ's borrow: neither `check_idle_tail` nor the marker it may post comes
     /// back to this CQ (a marker only calls the provider, which never calls out), and no callback runs here.
-    #[inline]
-    fn cover_idle_tails(&self, now: bool) {
+    #[inline(never)]
+    fn check_watched(&self, now: bool) {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
-        if st.watch.is_empty() {
-            return;
-        }
+        let cycle = self.cycle.get();
         let mut markers = 0;
         // Compacts the list in order, keeping the queues that still wait. A queue is in the list at most once:
         // it tracks that itself.
@@ -518,7 +582,7 @@ impl CqShared {
         for i in 0..st.watch.len() {
             let index = st.watch[i];
             let keep = match st.table.get(index as usize).and_then(|e| e.as_ref()?.upgrade()) {
-                Some(q) => match q.check_idle_tail(now) {
+                Some(q) => match q.check_idle_tail(now, cycle) {
                     IdleCheck::KeepWatching => true,
                     IdleCheck::Covered(m) => {
                         markers += m as u64;
@@ -535,7 +599,9 @@ impl CqShared {
             }
         }
         st.watch.truncate(kept);
+        self.watching.set(kept as u32);
         st.stats.tail_markers += markers;
+        self.next_cycle();
     }
 }
 

@@ -21,7 +21,7 @@ use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
 use crate::discipline::backlog::ParkStore;
-use crate::verbs::{pump_backlog, BacklogPool, ForeignDeferred, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
+use crate::verbs::{pump_backlog, BacklogPool, ForeignDeferred, PostFailure, QpHandle, RecvChain, RecvWrPtr, SendChain, StagedWr, WrPtr};
 
 /// How a queue is set up. Depths are what the QP was actually granted (read them back after creating it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -216,9 +216,10 @@ pub(crate) struct QueueShared {
     /// Bytes its creation added to that pool (counted in its footprint).
     pool_bytes: u64,
     state: RefCell<QueueState>,
-    /// A post (or a pump) left an unsignaled tail since the send CQ's last poll: its idle-tail check waits.
-    /// Cells, so that the check at the end of every poll takes no borrow.
-    posted_since_poll: Cell<bool>,
+    /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
+    /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
+    /// takes no borrow.
+    posted_cycle: Cell<u64>,
     /// The queue is in its send CQ's watch list.
     watched: Cell<bool>,
     releasing: Cell<bool>,
@@ -484,7 +485,7 @@ impl Queue {
                 doorbells: 0,
                 last_refusal: None,
             }),
-            posted_since_poll: Cell::new(false),
+            posted_cycle: Cell::new(u64::MAX),
             watched: Cell::new(false),
             releasing: Cell::new(false),
             release,
@@ -704,23 +705,127 @@ fn closed_error(c: Closed) -> Error {
     }
 }
 
-/// Restores the WRs of a posted run (`n` WRs from `first`, sequence numbers from `seq`), in one walk: the
-/// ULP's wr_id and send_flags, from the ring slots their admission filled, and the link cut after the run.
-/// The flags differ from the ULP's only by `IBV_SEND_SIGNALED`, added when the policy signaled a WR the ULP
-/// had not asked to be.
-fn restore_run(send: &SendState<StagedWr>, first: WrPtr<'_>, seq: u64, n: usize, cut: Option<WrPtr<'_>>) {
-    let mut w = first;
-    for k in 0..n as u64 {
-        let slot = send.slot(seq + k);
+/// Most WRs posted with one doorbell: longer runs are posted in pieces.
+const MAX_RUN: u32 = 64;
+
+/// WRs admitted for posting and not yet posted: `len` WRs from `first` to `last`, of consecutive sequence
+/// numbers from `seq`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether the
+/// ULP itself asked for IBV_SEND_SIGNALED).
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    first: WrPtr<'a>,
+    last: WrPtr<'a>,
+    seq: u64,
+    len: u32,
+    added: Added<'a>,
+}
+
+/// The WRs of a run that the policy signaled without the ULP asking: `IBV_SEND_SIGNALED` is taken back from
+/// them after the post. The first two are kept (a run has about `len / signal_interval + 1`); with more, the
+/// restore reads every WR's flags from the ring instead.
+#[derive(Clone, Copy, Default)]
+struct Added<'a> {
+    first: Option<WrPtr<'a>>,
+    second: Option<WrPtr<'a>>,
+    more: bool,
+}
+
+impl<'a> Added<'a> {
+    #[inline]
+    fn push(&mut self, w: WrPtr<'a>) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else if self.second.is_none() {
+            self.second = Some(w);
+        } else {
+            self.more = true;
+        }
+    }
+}
+
+/// The checks of a WR, the plain test first and the full ones for the rest; its work-completion opcode.
+#[inline]
+fn check_full(w: WrPtr<'_>, shape: &crate::discipline::check::WrShape, limits: &Limits) -> Result<u8> {
+    if let Some(op) = plain_wc_opcode(shape, limits) {
+        return Ok(op);
+    }
+    check_rest(w, shape, limits)
+}
+
+/// What `plain_wc_opcode` leaves to the full checks (kept out of line: the post loop's common WR never needs it).
+#[cold]
+#[inline(never)]
+fn check_rest(w: WrPtr<'_>, shape: &crate::discipline::check::WrShape, limits: &Limits) -> Result<u8> {
+    let op = check_shape(shape, limits)?;
+    if shape.send_flags & SEND_INLINE != 0 {
+        check_inline(w.total_len(), limits)?;
+    }
+    if is_atomic(shape.opcode) {
+        check_atomic(w.total_len(), w.atomic_remote_addr())?;
+    } else if shape.opcode == WR_BIND_MW {
+        check_bind_mw(w.bind_mw_is_null())?;
+    }
+    Ok(op)
+}
+
+/// The error of a WR that finds no credit and a full backlog.
+#[cold]
+fn backlog_full(send: &SendState<StagedWr>) -> Error {
+    Error::new(
+        libc::EAGAIN,
+        format!(
+            "no SQ credit (sq_depth {}) and the backlog is full (backlog_depth {})",
+            send.depth(),
+            send.backlog_capacity()
+        ),
+    )
+}
+
+/// Restores the WRs of a posted run (its successor in the ULP's chain is `cut`), in one walk: the ULP's wr_id
+/// from the ring slots their admission filled, and the link cut after the run. The flags differ from the ULP's
+/// only by `IBV_SEND_SIGNALED` on the WRs in `run.added`.
+fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
+    if run.added.more {
+        return restore_flags_too(send, run, cut);
+    }
+    let end = run.seq + run.len as u64;
+    let mut w = run.first;
+    let mut k = run.seq;
+    loop {
+        w.set_wr_id(send.slot(k).wr_id);
+        k += 1;
+        if k == end {
+            w.set_next(cut);
+            break;
+        }
+        w = w.next().expect("run is linked");
+    }
+    if let Some(a) = run.added.first {
+        a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
+        if let Some(b) = run.added.second {
+            b.set_send_flags(b.send_flags() & !SEND_SIGNALED);
+        }
+    }
+}
+
+/// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
+#[inline(never)]
+fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
+    let end = run.seq + run.len as u64;
+    let mut w = run.first;
+    let mut k = run.seq;
+    loop {
+        let slot = send.slot(k);
         w.set_wr_id(slot.wr_id);
         if slot.flags & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
             w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
         }
-        if k + 1 == n as u64 {
+        k += 1;
+        if k == end {
             w.set_next(cut);
-        } else {
-            w = w.next().expect("run is linked");
+            return;
         }
+        w = w.next().expect("run is linked");
     }
 }
 
@@ -738,8 +843,8 @@ impl AttachedQueue<CqShared> for QueueShared {
     fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate {
         QueueShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
     }
-    fn check_idle_tail(&self, now: bool) -> IdleCheck {
-        QueueShared::check_idle_tail(self, now)
+    fn check_idle_tail(&self, now: bool, cycle: u64) -> IdleCheck {
+        QueueShared::check_idle_tail(self, now, cycle)
     }
     fn abandon(&self) {
         QueueShared::abandon(self)
@@ -759,43 +864,101 @@ impl QueueShared {
 
     fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         let Some(first) = chain.first() else { return Ok(()) };
-        let mut st = self.state.borrow_mut();
-        let st = &mut *st;
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
         if let Some(c) = st.send.closed() {
             return Err(PostError { error: closed_error(c), bad: first });
         }
-        // The run of WRs to post with one doorbell: consecutive sequence numbers from `run_seq`, starting at
-        // `run_first`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether
-        // the ULP itself asked for IBV_SEND_SIGNALED). Runs longer than `MAX_RUN` are posted in pieces.
-        const MAX_RUN: usize = 64;
-        let mut run_first: Option<WrPtr<'a>> = None;
-        let mut run_last = first;
-        let mut run_seq = 0u64;
-        let mut run_len = 0usize;
-        let mut cur = Some(first);
-        let mut result = Ok(());
-        // Decided once per call: nothing below changes them but this loop's own posts (one credit each) and
+        // Decided once per call: nothing below changes them but this call's own posts (one credit each) and
         // parks (after which `credits` is 0 and every WR goes through `admit`).
-        let mut credits = st.send.postable();
+        let credits = st.send.postable();
         let note = self.verifying || !st.tracked.is_empty();
+        let result = if credits > 0 && !note {
+            // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
+            // with one doorbell; whatever is left goes through the general loop, in the same run.
+            let mut added = Added::default();
+            let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN), &mut added);
+            let run = Run { first, last, seq, len: n, added };
+            match next {
+                None => match self.post_run(st, run, None) {
+                    Ok(()) => Ok(()),
+                    Err(f) => Err(self.run_refused(st, run, f)),
+                },
+                Some(w) => self.post_general(st, w, run, credits - n, note),
+            }
+        } else {
+            self.post_general(st, first, Run { first, last: first, seq: 0, len: 0, added: Added::default() }, credits, note)
+        };
+        if st.send.has_unsignaled_tail() {
+            // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
+            if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
+                return result;
+            }
+            self.tail_left();
+        }
+        result
+    }
+
+    /// A post or a pump left an unsignaled tail: the end of the send CQ's next poll leaves it be (more posts may
+    /// come), and the one after covers it with a marker unless the queue was posted to again.
+    #[inline]
+    fn tail_left(&self) {
+        if !self.watched.get() {
+            self.watched.set(true);
+            self.send_cq.watch(self.send_index);
+        }
+        let cycle = self.send_cq.cycle();
+        if self.posted_cycle.get() != cycle {
+            self.posted_cycle.set(cycle);
+            self.send_cq.note_posted();
+        }
+    }
+
+    /// The post loop for every WR from `from` on, continuing `run` (the WRs admitted before it and not yet
+    /// posted) with `credits` free slots left: plain WRs in bulk, the others one by one through the full checks,
+    /// `admit` and the backlog; each run posted with one doorbell.
+    #[inline(never)]
+    fn post_general<'a>(
+        &self,
+        st: &mut QueueState,
+        from: WrPtr<'a>,
+        mut run: Run<'a>,
+        mut credits: u32,
+        note: bool,
+    ) -> std::result::Result<(), PostError<'a>> {
+        let mut cur = Some(from);
+        let mut result = Ok(());
         while let Some(w) = cur {
+            if run.len == MAX_RUN {
+                let full = std::mem::replace(&mut run.len, 0);
+                if let Err(e) = self.flush_run(st, Run { len: full, ..run }, Some(w)) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if credits > 0 && !note {
+                // Plain WRs in bulk while credits and the run's room last.
+                let room = credits.min(MAX_RUN - run.len);
+                if run.len == 0 {
+                    run.added = Added::default();
+                }
+                let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room, &mut run.added);
+                if n > 0 {
+                    if run.len == 0 {
+                        run.first = w;
+                        run.seq = seq;
+                    }
+                    run.len += n;
+                    run.last = last;
+                    credits -= n;
+                    cur = next;
+                    continue;
+                }
+                // `w` needs more than the plain checks: the general step below.
+            }
             let next = w.next();
             let shape = w.shape();
-            let checked = match plain_wc_opcode(&shape, &self.limits) {
-                Some(op) => Ok(op),
-                None => check_shape(&shape, &self.limits).and_then(|op| {
-                    if shape.send_flags & SEND_INLINE != 0 {
-                        check_inline(w.total_len(), &self.limits)?;
-                    }
-                    if is_atomic(shape.opcode) {
-                        check_atomic(w.total_len(), w.atomic_remote_addr())?;
-                    } else if shape.opcode == WR_BIND_MW {
-                        check_bind_mw(w.bind_mw_is_null())?;
-                    }
-                    Ok(op)
-                }),
-            };
-            let op = match checked {
+            let op = match check_full(w, &shape, &self.limits) {
                 Ok(op) => op,
                 Err(e) => {
                     result = Err(PostError { error: e, bad: w });
@@ -803,13 +966,6 @@ impl QueueShared {
                 }
             };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            if run_len == MAX_RUN {
-                if let Err(e) = self.flush_run(st, run_first.take().expect("a full run"), run_last, run_seq, run_len, Some(w)) {
-                    result = Err(e);
-                    break;
-                }
-                run_len = 0;
-            }
             let admitted = if credits > 0 {
                 let (seq, signaled) = st.send.admit_posted(w.wr_id(), op, ulp_signaled, credits);
                 credits -= 1;
@@ -822,26 +978,26 @@ impl QueueShared {
                     if note {
                         st.note_accepted(w, shape.send_flags);
                     }
-                    // `run_first` is set exactly while `run_len > 0`; the count is the cheaper test.
-                    if run_len == 0 {
-                        run_first = Some(w);
-                        run_seq = seq;
+                    if run.len == 0 {
+                        run.first = w;
+                        run.seq = seq;
+                        run.added = Added::default();
                     }
-                    run_len += 1;
-                    run_last = w;
+                    run.len += 1;
+                    run.last = w;
                     w.set_wr_id(Token::from_base(self.send_token, seq).0);
                     if signaled && !ulp_signaled {
                         w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                        run.added.push(w);
                     }
                 }
                 Admit::Park => {
-                    if let Some(f) = run_first.take() {
-                        if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, Some(w)) {
+                    if run.len > 0 {
+                        let full = std::mem::replace(&mut run.len, 0);
+                        if let Err(e) = self.flush_run(st, Run { len: full, ..run }, Some(w)) {
                             result = Err(e);
-                            run_len = 0;
                             break;
                         }
-                        run_len = 0;
                     }
                     let mut pool = self.send_cq.pool.borrow_mut();
                     let id = match pool.take(self.pool_class) {
@@ -861,78 +1017,103 @@ impl QueueShared {
                     }
                 }
                 Admit::Full => {
-                    result = Err(PostError {
-                        error: Error::new(
-                            libc::EAGAIN,
-                            format!(
-                                "no SQ credit (sq_depth {}) and the backlog is full (backlog_depth {})",
-                                st.send.depth(),
-                                st.send.backlog_capacity()
-                            ),
-                        ),
-                        bad: w,
-                    });
+                    result = Err(PostError { error: backlog_full(&st.send), bad: w });
                     break;
                 }
             }
             cur = next;
         }
-        if let Some(f) = run_first.take() {
-            if run_len > 0 {
-                // The run ends before `cur` (the WR that stopped the loop, or the end of the chain).
-                let cut = match &result {
-                    Err(e) => Some(e.bad),
-                    Ok(()) => None,
-                };
-                if let Err(e) = self.flush_run(st, f, run_last, run_seq, run_len, cut) {
-                    result = Err(e);
-                }
-            }
-        }
-        if st.send.has_unsignaled_tail() {
-            // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
-            if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
-                return result;
-            }
-            self.posted_since_poll.set(true);
-            if !self.watched.get() {
-                self.watched.set(true);
-                self.send_cq.watch(self.send_index);
+        if run.len > 0 {
+            // The run ends before `cur` (the WR that stopped the loop, or the end of the chain).
+            let cut = match &result {
+                Err(e) => Some(e.bad),
+                Ok(()) => None,
+            };
+            if let Err(e) = self.flush_run(st, run, cut) {
+                result = Err(e);
             }
         }
         result
     }
 
-    /// Posts `n` WRs from `first` to `last` (the run, sequence numbers from `seq`), whose successor in the
-    /// ULP's chain is `cut`.
-    fn flush_run<'a>(
+    /// Admits plain WRs (`plain_wc_opcode`) from `first` while `room` (at most `credits`, the SQ's free slots)
+    /// lasts: each gets its token and, when the policy signals it, `IBV_SEND_SIGNALED`. Stops at the end of the
+    /// chain, after `room` WRs, or at a WR that needs the full checks. Returns how many it admitted, the first
+    /// one's sequence number, the last one admitted and the WR after it.
+    #[inline(always)]
+    fn admit_plain<'a>(
         &self,
-        st: &mut QueueState,
+        send: &mut SendState<StagedWr>,
         first: WrPtr<'a>,
-        last: WrPtr<'a>,
-        seq: u64,
-        n: usize,
-        cut: Option<WrPtr<'a>>,
-    ) -> std::result::Result<(), PostError<'a>> {
-        last.set_next(None);
-        let r = self.qp.post_chain(first);
-        st.doorbells += 1;
-        restore_run(&st.send, first, seq, n, cut);
-        match r {
-            Ok(()) => Ok(()),
-            Err(f) => {
-                st.send.rollback((n - f.posted) as u64, true);
-                st.forget_refused();
-                let mut bad = first;
-                for _ in 0..f.posted {
-                    bad = bad.next().expect("run is linked");
-                }
-                Err(PostError {
-                    error: Error::new(f.errno, format!("the provider's post_send failed (errno {})", f.errno)),
-                    bad,
-                })
+        credits: u32,
+        room: u32,
+        added: &mut Added<'a>,
+    ) -> (u32, u64, WrPtr<'a>, Option<WrPtr<'a>>) {
+        let mut a = send.admission(credits, room, self.send_token);
+        let seq = a.start_seq();
+        let mut w = first;
+        let mut last = first;
+        let next = loop {
+            let shape = w.shape();
+            let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
+            let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
+            let (token, signaled) = a.push(w.wr_id(), op, ulp_signaled);
+            w.set_wr_id(token);
+            if signaled & !ulp_signaled {
+                w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                added.push(w);
             }
+            last = w;
+            match w.next() {
+                Some(x) if !a.is_full() => w = x,
+                other => break other,
+            }
+        };
+        let done = a.end();
+        let n = done.count();
+        send.admitted(done);
+        (n, seq, last, next)
+    }
+
+    /// Posts `run` (whose successor in the ULP's chain is `cut`) with one doorbell, then restores its WRs.
+    fn flush_run<'a>(&self, st: &mut QueueState, run: Run<'a>, cut: Option<WrPtr<'a>>) -> std::result::Result<(), PostError<'a>> {
+        match self.post_run(st, run, cut) {
+            Ok(()) => Ok(()),
+            Err(f) => Err(self.run_refused(st, run, f)),
         }
+    }
+
+    /// `flush_run` without the error's description: the common case, inlined into the post path.
+    #[inline(always)]
+    fn post_run(&self, st: &mut QueueState, run: Run<'_>, cut: Option<WrPtr<'_>>) -> std::result::Result<(), PostFailure> {
+        run.last.set_next(None);
+        let r = self.qp.post_chain(run.first);
+        st.doorbells += 1;
+        if run.len == 1 {
+            // A post of one WR: its slot, its link and at most its own flag.
+            let w = run.first;
+            w.set_wr_id(st.send.slot(run.seq).wr_id);
+            w.set_next(cut);
+            if run.added.first.is_some() {
+                w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+            }
+        } else {
+            restore_run(&st.send, run, cut);
+        }
+        r
+    }
+
+    /// The provider took only `f.posted` WRs of `run`: the rest are not accepted; the error names the first.
+    #[cold]
+    #[inline(never)]
+    fn run_refused<'a>(&self, st: &mut QueueState, run: Run<'a>, f: PostFailure) -> PostError<'a> {
+        st.send.rollback(run.len as u64 - f.posted as u64, true);
+        st.forget_refused();
+        let mut bad = run.first;
+        for _ in 0..f.posted {
+            bad = bad.next().expect("run is linked");
+        }
+        PostError { error: Error::new(f.errno, format!("the provider's post_send failed (errno {})", f.errno)), bad }
     }
 
     fn post_recv<'a>(&self, chain: RecvChain<'a>) -> std::result::Result<(), RecvPostError<'a>> {
@@ -1063,10 +1244,25 @@ impl QueueShared {
             Idle,
         }
         let mut c = Completion::default();
+        // The completion of the common release: only the fields a posted WR's slot fills change.
+        let mut plain = Completion::default();
         loop {
             let item = {
                 let mut guard = self.state.borrow_mut();
                 let st = &mut *guard;
+                if !VERIFY {
+                    // The common release: a posted WR of the ULP's, no barrier due, nothing to verify.
+                    if let Some(slot) = st.send.pop_plain(st.barriers.first_target()) {
+                        drop(guard);
+                        plain.wr_id = slot.wr_id;
+                        plain.status = slot.status as u32;
+                        plain.opcode = slot.opcode as u32;
+                        plain.vendor_err = slot.vendor_err;
+                        plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+                        release(&plain);
+                        continue;
+                    }
+                }
                 if st.barriers.is_due(st.send.released()) {
                     Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
                 } else if let Some(slot) = st.send.pop_posted() {
@@ -1143,9 +1339,7 @@ impl QueueShared {
                         st.describe_refused_front(&mut self.send_cq.pool.borrow_mut());
                     }
                     if st.send.has_unsignaled_tail() && !self.watched.get() {
-                        self.watched.set(true);
-                        self.posted_since_poll.set(true);
-                        self.send_cq.watch(self.send_index);
+                        self.tail_left();
                     }
                     // Parked WRs released as never posted, and a parked WR the provider refused, become due only
                     // when the ring is empty; anything else due now was produced by the pump (nothing) or by
@@ -1295,10 +1489,9 @@ impl QueueShared {
         }
     }
 
-    /// Called at the end of a poll of the send CQ while this queue is watched.
-    pub(crate) fn check_idle_tail(&self, now: bool) -> IdleCheck {
-        if self.posted_since_poll.get() && !now {
-            self.posted_since_poll.set(false);
+    /// Called at the end of a poll of the send CQ (cycle `cycle`) while this queue is watched.
+    pub(crate) fn check_idle_tail(&self, now: bool, cycle: u64) -> IdleCheck {
+        if self.posted_cycle.get() == cycle && !now {
             return IdleCheck::KeepWatching;
         }
         match self.cover_idle_tail() {

@@ -324,7 +324,38 @@ fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted(make: Make) 
     assert!(rig.log.borrow().is_empty());
 }
 
+/// Chains of 1 to 9 WRs at signal interval 3, some signaled by the ULP: a post call's run holds none, one, two
+/// or more WRs the policy signaled (45 WRs without a completion: the SQ of 64 never fills). Each WR goes to the provider with the library's token and the signal the
+/// policy decided, and the chain comes back exactly as the ULP built it: wr_ids, flags and links.
+fn every_chain_is_restored_whatever_the_policy_signaled(make: Make) {
+    let rig = Rig::on(make, config(64, 3, 0), 256);
+    let mut posted = 0;
+    for len in 1..=9u64 {
+        let base = len * 100;
+        let mut chain = Chain::new();
+        for i in 0..len {
+            chain = chain.push(base + i, WR_SEND, if i % 4 == 3 { SIGNALED } else { 0 }, &[64]);
+        }
+        rig.post(&mut chain).unwrap();
+        for (i, w) in chain.wrs.iter().enumerate() {
+            assert_eq!(w.wr_id, base + i as u64, "chain of {len}, WR {i}");
+            assert_eq!(w.send_flags, if i % 4 == 3 { SIGNALED } else { 0 }, "chain of {len}, WR {i}");
+            let expect = if i + 1 < chain.wrs.len() { &chain.wrs[i + 1] as *const _ } else { std::ptr::null() };
+            assert_eq!(w.next as *const _, expect, "chain of {len}, WR {i}");
+        }
+        for i in 0..len as usize {
+            let wqe = rig.dev.wqe(rig.qp, posted + i).unwrap();
+            assert_ne!(wqe.wr_id, base + i as u64, "the provider saw the library's token");
+        }
+        posted += len as usize;
+    }
+    let st = rig.q().stats();
+    assert_eq!((st.accepted, st.wqes), (45, 45));
+    assert!(st.signaled_by_policy >= 9, "{st:?}");
+}
+
 on_both_devices!(
+    every_chain_is_restored_whatever_the_policy_signaled,
     credits_are_never_exceeded_and_the_backlog_keeps_order,
     without_backlog_eagain_names_exactly_the_first_wr_not_taken,
     signaling_is_moderated_and_bounded,

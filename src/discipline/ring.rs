@@ -103,6 +103,21 @@ impl SlotRing {
         seq
     }
 
+    /// The storage, its index mask and the next sequence number, for a writer that fills slots `head..` with
+    /// locals and then stores the new head once (`set_head`): `send::Admission`. The same rule as `push`
+    /// holds for every slot it writes (status and vendor error 0).
+    #[inline]
+    pub fn storage(&mut self) -> (&mut [Slot], u64, u64) {
+        (&mut self.slots, self.mask, self.head)
+    }
+
+    /// Ends a bulk write begun with `storage`: every slot before `head` is posted.
+    #[inline]
+    pub fn set_head(&mut self, head: u64) {
+        debug_assert!(head >= self.head && head - self.tail <= self.slots.len() as u64);
+        self.head = head;
+    }
+
     /// Removes the newest `n` slots (the provider refused them).
     pub fn unpush(&mut self, n: u64) {
         debug_assert!(n <= self.head - self.done);
@@ -146,6 +161,20 @@ impl SlotRing {
             s.vendor_err = 0;
             self.done += 1;
         }
+    }
+
+    /// Takes the oldest complete, unreleased slot unless it has one of the `skip` flags (then it stays).
+    #[inline]
+    pub fn pop_done_without(&mut self, skip: u8) -> Option<Slot> {
+        if self.tail == self.done {
+            return None;
+        }
+        let slot = *self.get(self.tail);
+        if slot.flags & skip != 0 {
+            return None;
+        }
+        self.tail += 1;
+        Some(slot)
     }
 
     /// Takes the oldest complete, unreleased slot.

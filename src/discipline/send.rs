@@ -233,6 +233,50 @@ impl<T: Parked> SendState<T> {
         }
     }
 
+    /// A bulk admission of at most `room` WRs the caller knows can be posted: the fast form of `admit_posted`,
+    /// for the WRs of one post call while `credits` (`postable()`, at least 1, at least `room`) last, with
+    /// tokens from `token_base` (`Token::new(index, Send, 0).0`). The slots, the signal policy and the counters
+    /// are kept in locals until `admitted` stores them once. Nothing else may change the SQ meanwhile. It may
+    /// stop early (`is_full`) where the tokens' sequence field wraps.
+    #[inline]
+    pub fn admission(&mut self, credits: u32, room: u32, token_base: u64) -> Admission<'_> {
+        debug_assert!(credits > 0 && credits >= room && credits == self.credits() && self.backlog.is_empty());
+        let run = self.policy.run() as u64;
+        let interval = self.policy.interval() as u64;
+        let (slots, mask, head) = self.ring.storage();
+        let token = Token::from_base(token_base, head).0;
+        let room = (room as u64).min(Token::seqs_before_wrap(head));
+        // Tokens past the wrap are never reached here: `last` and `next_signal` may lie beyond `end`.
+        let last = token.wrapping_add(credits as u64 - 1);
+        Admission {
+            slots,
+            mask,
+            token,
+            start_token: token,
+            start: head,
+            end: token + room,
+            // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`.
+            next_signal: token.wrapping_add(interval.saturating_sub(run + 1)).min(last),
+            last,
+            interval,
+            last_signaled: token.wrapping_sub(run + 1),
+            by_ulp: 0,
+            by_policy: 0,
+        }
+    }
+
+    /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
+    #[inline]
+    pub fn admitted(&mut self, a: Admitted) {
+        let n = a.head - a.start;
+        self.ring.set_head(a.head);
+        self.accepted += n;
+        self.counters.wqes += n;
+        self.counters.signaled_by_ulp += a.by_ulp;
+        self.counters.signaled_by_policy += a.by_policy;
+        self.policy.set_run(a.run);
+    }
+
     /// Like `admit`, for a library operation: always signaled (its own completion is what it reports), never
     /// shown by poll.
     pub fn admit_op(&mut self, op_id: u64, wc_opcode: u8) -> Admit {
@@ -477,6 +521,19 @@ impl<T: Parked> SendState<T> {
         None
     }
 
+    /// The next release if it is the common one: a posted WR of the ULP's (not a marker, not a library
+    /// operation), with `released` still below `limit` (the first barrier's target: a barrier due comes first).
+    /// `None` leaves everything as it was, for `pop_posted` and `next_release` to decide.
+    #[inline]
+    pub fn pop_plain(&mut self, limit: u64) -> Option<Slot> {
+        if self.released >= limit {
+            return None;
+        }
+        let slot = self.ring.pop_done_without(Slot::INTERNAL | Slot::OP)?;
+        self.released += 1;
+        Some(slot)
+    }
+
     /// The next release, in post order, if one is due.
     #[inline]
     pub fn next_release(&mut self, store: &mut impl ParkStore<Entry = T>) -> Option<Release> {
@@ -542,6 +599,95 @@ impl<T: Parked> SendState<T> {
     }
 }
 
+/// WRs being admitted for posting in bulk (`SendState::admission`): each `push` decides the signal and fills
+/// the next slot as `admit_posted` would, with the state in locals, and gives the WR's token.
+///
+/// Everything is counted in tokens, which are consecutive integers for consecutive sequence numbers (an
+/// admission stops before the token's sequence field wraps), so one counter serves as the sequence number, the
+/// token and the slot index (`token & mask`: the ring is smaller than the field). The policy's decision is kept
+/// as the token of the next WR it signals (the one that completes the interval, or the one that takes the
+/// last free slot, whichever comes first), so a WR costs one compare; the counters change only at a signaled WR.
+pub struct Admission<'s> {
+    slots: &'s mut [Slot],
+    mask: u64,
+    token: u64,
+    start_token: u64,
+    start: u64,
+    /// The token after the last WR this admission may take.
+    end: u64,
+    next_signal: u64,
+    /// The token of the WR that takes the last free slot: it is signaled.
+    last: u64,
+    interval: u64,
+    /// The token of the newest signaled WR (before the first, where it would be): the run ends at it.
+    last_signaled: u64,
+    by_ulp: u64,
+    by_policy: u64,
+}
+
+/// The outcome of an `Admission`, for `SendState::admitted`.
+pub struct Admitted {
+    head: u64,
+    start: u64,
+    run: u32,
+    by_ulp: u64,
+    by_policy: u64,
+}
+
+impl Admitted {
+    /// How many WRs the admission took.
+    #[inline]
+    pub fn count(&self) -> u32 {
+        (self.head - self.start) as u32
+    }
+}
+
+impl Admission<'_> {
+    /// The first sequence number of this admission.
+    #[inline]
+    pub fn start_seq(&self) -> u64 {
+        self.start
+    }
+
+    /// Whether the admission took as many WRs as it may.
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.token == self.end
+    }
+
+    /// Admits the next WR: its token and whether it is signaled (the ULP asked, the unsignaled run reached the
+    /// interval, or it takes the last free slot). Only while `!is_full()`.
+    #[inline]
+    pub fn push(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> (u64, bool) {
+        debug_assert!(self.token < self.end);
+        let token = self.token;
+        let signaled = ulp_signaled | (token == self.next_signal);
+        if signaled {
+            self.signaled(token, ulp_signaled);
+        }
+        let flags = (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | (u8::from(signaled) * Slot::SIGNALED);
+        self.slots[(token & self.mask) as usize] = Slot { wr_id, opcode: wc_opcode, flags, ..Slot::default() };
+        self.token = token + 1;
+        (token, signaled)
+    }
+
+    /// The WR of `token` is signaled: the run restarts after it.
+    #[inline]
+    fn signaled(&mut self, token: u64, ulp_signaled: bool) {
+        self.last_signaled = token;
+        self.next_signal = token.wrapping_add(self.interval).min(self.last);
+        self.by_ulp += u64::from(ulp_signaled);
+        self.by_policy += u64::from(!ulp_signaled);
+    }
+
+    #[inline]
+    pub fn end(self) -> Admitted {
+        let run = self.token.wrapping_sub(self.last_signaled.wrapping_add(1)) as u32;
+        let head = self.start + (self.token - self.start_token);
+        Admitted { head, start: self.start, run, by_ulp: self.by_ulp, by_policy: self.by_policy }
+    }
+}
+
 /// Completion barriers: actions that wait until `released` reaches a target.
 #[derive(Debug)]
 pub struct Barriers<D> {
@@ -569,6 +715,11 @@ impl<D> Barriers<D> {
         self.waiting.insert(at, (target, action));
         self.first_target = self.waiting.front().map_or(u64::MAX, |e| e.0);
     }
+    /// The oldest action's target (`u64::MAX` when none waits).
+    #[inline]
+    pub fn first_target(&self) -> u64 {
+        self.first_target
+    }
     /// Whether an action's target `released` has reached (`pop_ready` then returns it).
     #[inline]
     pub fn is_due(&self, released: u64) -> bool {
@@ -595,6 +746,72 @@ impl<D> Barriers<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct NoParked;
+    impl Parked for NoParked {
+        fn wr_id(&self) -> u64 {
+            0
+        }
+        fn wc_opcode(&self) -> u8 {
+            0
+        }
+        fn ulp_signaled(&self) -> bool {
+            false
+        }
+        fn is_op(&self) -> bool {
+            false
+        }
+    }
+
+    /// A bulk admission decides every signal, fills every slot and counts as `admit_posted` one WR at a time,
+    /// across post calls of every size, with ULP-signaled WRs mixed in and the SQ filling up.
+    #[test]
+    fn admission_agrees_with_admit_posted() {
+        for (depth, interval) in [(8, 3), (16, 4), (5, 5), (4, 1), (128, 32)] {
+            let new = || SendState::<NoParked>::new(depth, interval, Backlog::new(0)).unwrap();
+            let (mut one, mut bulk) = (new(), new());
+            let base = Token::new(7, super::super::token::Direction::Send, 0).0;
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+            for call in 0..400u64 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let credits = one.postable();
+                assert_eq!(credits, bulk.postable());
+                if credits == 0 || rng % 5 == 0 {
+                    // Complete and release everything posted so far, in both.
+                    for st in [&mut one, &mut bulk] {
+                        if st.ring.in_provider() > 0 {
+                            let newest = st.ring.head() - 1;
+                            st.ring.complete_through(newest, 0, 0);
+                        }
+                        while st.pop_posted().is_some() {}
+                    }
+                    continue;
+                }
+                let n = 1 + (rng >> 8) as u32 % credits;
+                let mut a = bulk.admission(credits, n, base);
+                for k in 0..n {
+                    assert!(!a.is_full());
+                    let ulp = (rng >> (16 + k % 40)) & 7 == 0;
+                    let wr_id = call * 1000 + k as u64;
+                    let (seq, signaled) = one.admit_posted(wr_id, 3, ulp, credits - k);
+                    let want = (Token::from_base(base, seq).0, signaled);
+                    assert_eq!(a.push(wr_id, 3, ulp), want, "depth {depth} interval {interval} call {call} WR {k}");
+                }
+                assert!(a.is_full());
+                let done = a.end();
+                assert_eq!(done.count(), n);
+                bulk.admitted(done);
+                assert_eq!(bulk.counters, one.counters);
+                assert_eq!((bulk.accepted, bulk.has_unsignaled_tail()), (one.accepted, one.has_unsignaled_tail()));
+                assert_eq!(bulk.policy.run(), one.policy.run());
+                for seq in one.ring.tail()..one.ring.head() {
+                    assert_eq!(bulk.slot(seq), one.slot(seq));
+                }
+            }
+        }
+    }
 
     #[test]
     fn barriers_run_in_target_order_stable_among_equals() {

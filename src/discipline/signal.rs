@@ -43,6 +43,12 @@ impl SignalPolicy {
         self.unsignaled_run > 0
     }
 
+    /// The unsignaled WRs now ending the SQ (for a writer that decides with locals: `send::Admission`).
+    #[inline]
+    pub fn run(&self) -> u32 {
+        self.unsignaled_run
+    }
+
     /// Resets the run after a rollback: `run` unsignaled WRs now end the SQ.
     pub fn set_run(&mut self, run: u32) {
         self.unsignaled_run = run;

@@ -46,6 +46,12 @@ impl Token {
             Direction::Send
         }
     }
+    /// How many sequence numbers from `seq` on have tokens that are consecutive integers (the carried field
+    /// wraps after them).
+    #[inline]
+    pub fn seqs_before_wrap(seq: u64) -> u64 {
+        SEQ_MASK + 1 - (seq & SEQ_MASK)
+    }
     /// The sequence field as carried (for tokens that name a slot, not a sequence).
     #[inline]
     pub fn field(self) -> u64 {
@@ -72,6 +78,17 @@ mod tests {
             assert_eq!(t.direction(), d);
             assert_eq!(t.seq_from(0), s);
             assert_eq!(Token::from_base(Token::new(i, d, 0).0, s), t);
+        }
+    }
+
+    #[test]
+    fn tokens_are_consecutive_until_the_field_wraps() {
+        let base = Token::new(9, Direction::Send, 0).0;
+        for seq in [0, 5, SEQ_MASK - 2, SEQ_MASK, SEQ_MASK + 1, 3 * (SEQ_MASK + 1) + 4] {
+            let n = Token::seqs_before_wrap(seq);
+            let t0 = Token::from_base(base, seq).0;
+            assert_eq!(Token::from_base(base, seq + n - 1).0, t0 + n - 1);
+            assert_eq!(Token::from_base(base, seq + n).0, base, "seq {seq}: the field wraps after {n}");
         }
     }
 
