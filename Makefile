@@ -36,6 +36,17 @@ LIB_SONAME := $(LIB_SO).$(MAJOR)
 LIB_REAL := $(LIB_SO).$(VERSION)
 LIB_A := libsqdisc.a
 
+# libsqdisc_sim, the software HCA's C library (src/sim, src/capi/sim.rs): versioned on its own, here.
+SIM_VERSION := 0.1.0
+SIM_MAJOR := $(word 1,$(subst ., ,$(SIM_VERSION)))
+SIM_SO := libsqdisc_sim.so
+SIM_SONAME := $(SIM_SO).$(SIM_MAJOR)
+SIM_REAL := $(SIM_SO).$(SIM_VERSION)
+SIM_A := libsqdisc_sim.a
+# libsqdisc_scripted, the scripted test device's C library (src/scripted, src/capi/scripted.rs): for this
+# repository's C tests only, never installed; its header is c-tests/support/sqdisc_scripted.h.
+SCRIPTED_LIBDIR := $(BUILD)/test/lib
+
 # The staging install that the C tests and examples build against, as a user's system would have it.
 STAGE := $(CURDIR)/$(BUILD)/stage
 STAGE_PREFIX := /usr
@@ -61,7 +72,7 @@ CHECK_SO := libsqdisc_check.so
 CHECK_SONAME := $(CHECK_SO).$(CHECK_MAJOR)
 CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 
-.PHONY: all help deps deps-build spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -70,6 +81,7 @@ help:
 	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
 	@echo '                install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
+	@echo 'make sim-lib    build libsqdisc_sim (the software HCA'"'"'s C library, docs/sim.md) and sqdisc_sim.pc'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
@@ -87,7 +99,7 @@ help:
 	@echo 'make deps       install what the build and every check need (Debian packages as root, nightly tools)'
 	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
 
-all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc spdk-shim check-lib
+all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc sim-lib scripted-lib spdk-shim check-lib
 
 deps:
 	bash scripts/install-deps.sh check
@@ -125,11 +137,13 @@ endef
 # One cargo invocation builds the crate's static library, and only that: rustc's own link of a cdylib would
 # fail on the symbol versions that --cfg sqdisc_symbol_versions assembles (src/capi/compat.rs), having no
 # node for them. rustc's note on the native libraries a static link needs (replayed by cargo when nothing was
-# rebuilt) becomes the Libs.private of sqdisc.pc.
+# rebuilt) becomes the Libs.private of sqdisc.pc. The archive is copied at once: the build with the test devices
+# (sim-cargo-release) writes the same path.
 cargo-release:
-	@mkdir -p $(BUILD)
+	@mkdir -p $(BUILD)/obj
 	$(CARGO) rustc --release --lib --features capi --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
 		| tee $(BUILD)/cargo-release.log
+	cp -f $(RELEASE_DIR)/$(LIB_A) $(BUILD)/obj/libsqdisc-capi.a
 	$(call native_static_libs,cargo-release.log,native-static-libs,-libverbs)
 
 # Both libraries come from cargo's staticlib, which carries the whole Rust standard library with global
@@ -137,7 +151,7 @@ cargo-release:
 # on it).
 $(BUILD)/obj/sqdisc-merged.o: cargo-release
 	@mkdir -p $(@D)
-	$(LD_R) -r --whole-archive $(RELEASE_DIR)/$(LIB_A) -o $@
+	$(LD_R) -r --whole-archive $(BUILD)/obj/libsqdisc-capi.a -o $@
 	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $@
 
 # The shared library is linked here, not by rustc: rustc's own export list for a cdylib would put every
@@ -164,6 +178,69 @@ $(BUILD)/lib/$(LIB_A): $(BUILD)/obj/sqdisc-merged.o
 	@test -s $(BUILD)/obj/sqdisc.keep || { echo "error: no sqd_* symbol in $(RELEASE_DIR)/$(LIB_A)" >&2; exit 1; }
 	$(OBJCOPY) --keep-global-symbols=$(BUILD)/obj/sqdisc.keep $(BUILD)/obj/sqdisc-plain.o $(BUILD)/obj/sqdisc.o
 	rm -f $@ && $(AR) rcs $@ $(BUILD)/obj/sqdisc.o
+
+# ---- libsqdisc_sim and the test-only libsqdisc_scripted ---------------------------------------------------
+
+# A second staticlib of the crate, with the test devices (features capi,sim,scripted; no symbol versions), merged
+# into one object as above. libsqdisc_sim keeps global only its sqd_sim_* functions and libsqdisc_scripted only
+# sqd_scripted_*: the copy of the core and of the C layer they carry stays local. At run time that copy finds
+# libsqdisc's device registry and last error through the first sqd_device_* in global scope (src/verbs/device.rs):
+# the shared libraries need libsqdisc.so (DT_NEEDED); a static link exports the program's sqd_device_*
+# (sqdisc_sim.pc's Libs.private). After cargo-release, which copies its own archive first.
+sim-lib: $(BUILD)/lib/$(SIM_REAL) $(BUILD)/lib/$(SIM_A) $(BUILD)/sqdisc_sim.pc
+scripted-lib: $(SCRIPTED_LIBDIR)/libsqdisc_scripted.so $(SCRIPTED_LIBDIR)/libsqdisc_scripted.a
+
+sim-cargo-release: cargo-release
+	$(CARGO) rustc --release --lib --features capi,sim,scripted --crate-type staticlib -- --print native-static-libs 2>&1 \
+		| tee $(BUILD)/sim-cargo-release.log
+	cp -f $(RELEASE_DIR)/$(LIB_A) $(BUILD)/obj/libsqdisc-devices.a
+	$(call native_static_libs,sim-cargo-release.log,sim-native-static-libs,-libverbs)
+
+$(BUILD)/obj/sqdisc_devices-merged.o: sim-cargo-release
+	@mkdir -p $(@D)
+	$(LD_R) -r --whole-archive $(BUILD)/obj/libsqdisc-devices.a -o $@
+	$(OBJCOPY) --remove-section=.llvmbc --remove-section=.llvmcmd $@
+
+# $(call device_object,PREFIX): $@ from the merged object with only the PREFIX* functions global.
+define device_object
+	$(NM) -g --defined-only $< | awk '$$2 == "T" && $$3 ~ /^$(1)[A-Za-z0-9_]+$$/ { print $$3 }' > $@.keep
+	@test -s $@.keep || { echo "error: no $(1)* function in $<" >&2; exit 1; }
+	$(OBJCOPY) --keep-global-symbols=$@.keep $< $@
+endef
+
+$(BUILD)/obj/sqdisc_sim.o: $(BUILD)/obj/sqdisc_devices-merged.o
+	$(call device_object,sqd_sim_)
+
+$(BUILD)/obj/sqdisc_scripted.o: $(BUILD)/obj/sqdisc_devices-merged.o
+	$(call device_object,sqd_scripted_)
+
+$(BUILD)/lib/$(SIM_REAL): $(BUILD)/obj/sqdisc_sim.o src/sim/sqdisc_sim.map $(BUILD)/lib/$(LIB_REAL)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< -Wl,-soname,$(SIM_SONAME) -Wl,--version-script=$(CURDIR)/src/sim/sqdisc_sim.map \
+		-Wl,-z,relro,-z,now -Wl,--gc-sections $$(cat $(BUILD)/sim-native-static-libs) \
+		-Wl,--no-as-needed -L$(BUILD)/lib -lsqdisc -libverbs
+	ln -sfn $(SIM_REAL) $(@D)/$(SIM_SONAME)
+	ln -sfn $(SIM_SONAME) $(@D)/$(SIM_SO)
+
+$(BUILD)/lib/$(SIM_A): $(BUILD)/obj/sqdisc_sim.o
+	@mkdir -p $(@D)
+	rm -f $@ && $(AR) rcs $@ $<
+
+$(BUILD)/sqdisc_sim.pc: pkgconfig/sqdisc_sim.pc.in sim-cargo-release
+	$(call pkgconfig_file,$(SIM_VERSION),sim-native-static-libs)
+
+$(SCRIPTED_LIBDIR)/libsqdisc_scripted.so: $(BUILD)/obj/sqdisc_scripted.o $(BUILD)/lib/$(LIB_REAL)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $< -Wl,-soname,libsqdisc_scripted.so -Wl,-z,relro,-z,now -Wl,--gc-sections \
+		$$(cat $(BUILD)/sim-native-static-libs) -Wl,--no-as-needed -L$(BUILD)/lib -lsqdisc -libverbs
+
+$(SCRIPTED_LIBDIR)/libsqdisc_scripted.a: $(BUILD)/obj/sqdisc_scripted.o
+	@mkdir -p $(@D)
+	rm -f $@ && $(AR) rcs $@ $<
+
+check-sim-symbols: sim-lib
+	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
+		$(BUILD)/lib/$(SIM_REAL) $(BUILD)/lib/$(SIM_A) include
 
 # ---- libsqdisc_spdk --------------------------------------------------------------------------------------
 
@@ -261,6 +338,11 @@ install: all
 	install -m 0644 $(BUILD)/lib/$(LIB_A) $(DESTDIR)$(LIBDIR)/$(LIB_A)
 	install -m 0644 $(wildcard include/*.h) $(DESTDIR)$(INCLUDEDIR)/
 	install -m 0644 $(BUILD)/sqdisc.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+	install -m 0755 $(BUILD)/lib/$(SIM_REAL) $(DESTDIR)$(LIBDIR)/$(SIM_REAL)
+	ln -sfn $(SIM_REAL) $(DESTDIR)$(LIBDIR)/$(SIM_SONAME)
+	ln -sfn $(SIM_SONAME) $(DESTDIR)$(LIBDIR)/$(SIM_SO)
+	install -m 0644 $(BUILD)/lib/$(SIM_A) $(DESTDIR)$(LIBDIR)/$(SIM_A)
+	install -m 0644 $(BUILD)/sqdisc_sim.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_sim.pc
 	install -m 0755 $(BUILD)/lib/$(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_REAL)
 	ln -sfn $(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_SONAME)
 	ln -sfn $(SPDK_SONAME) $(DESTDIR)$(LIBDIR)/$(SPDK_SO)
@@ -278,6 +360,8 @@ uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_A)
 	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(wildcard include/*.h)))
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/sqdisc.pc
+	rm -f $(DESTDIR)$(LIBDIR)/$(SIM_REAL) $(DESTDIR)$(LIBDIR)/$(SIM_SONAME) $(DESTDIR)$(LIBDIR)/$(SIM_SO)
+	rm -f $(DESTDIR)$(LIBDIR)/$(SIM_A) $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_sim.pc
 	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_REAL) $(DESTDIR)$(LIBDIR)/$(SPDK_SONAME) $(DESTDIR)$(LIBDIR)/$(SPDK_SO)
 	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_A) $(DESTDIR)$(INCLUDEDIR)/sqdisc_spdk.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
 	rm -f $(DESTDIR)$(LIBDIR)/$(CHECK_REAL) $(DESTDIR)$(LIBDIR)/$(CHECK_SONAME) $(DESTDIR)$(LIBDIR)/$(CHECK_SO)
@@ -294,12 +378,12 @@ check-headers:
 # ---- checks ----------------------------------------------------------------------------------------------
 
 test:
-	$(CARGO) test --workspace --features sqdisc/capi --no-fail-fast
+	$(CARGO) test --workspace --features sqdisc/capi,sqdisc/sim,sqdisc/scripted --no-fail-fast
 
 check-rlib-symbols:
 	CARGO='$(CARGO)' bash scripts/check-rlib-symbols.sh
 
-check-symbols: all
+check-symbols: all check-sim-symbols
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) include
 
 stage:
@@ -310,9 +394,11 @@ stage:
 check-installed-symbols:
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(STAGE)$(STAGE_LIBDIR)/$(LIB_SO) \
 		$(STAGE)$(STAGE_LIBDIR)/$(LIB_A) $(STAGE)$(STAGE_PREFIX)/include
+	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
+		$(STAGE)$(STAGE_LIBDIR)/$(SIM_SO) $(STAGE)$(STAGE_LIBDIR)/$(SIM_A) $(STAGE)$(STAGE_PREFIX)/include
 
-c-tests:
-	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR)
+c-tests: scripted-lib
+	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR) $(CURDIR)/$(SCRIPTED_LIBDIR)
 
 # libsqdisc_spdk replacing, preloaded before, or linked in place of SPDK's provider (docs/spdk.md), in a
 # stand-in of each SPDK release of spdk/releases/ (first compared with ../shared/spdk when that exists).
@@ -371,8 +457,8 @@ soak:
 # examples/NAME.c -> build/examples/NAME, built only from the staged install through pkg-config.
 $(BUILD)/examples/%: examples/%.c $(STAGE)/.installed
 	@mkdir -p $(@D)
-	$(CC) $(C_STRICT) -g $$($(STAGE_PKG_CONFIG) --cflags sqdisc) $< -o $@ \
-		$$($(STAGE_PKG_CONFIG) --libs sqdisc) -Wl,-rpath,$(STAGE)$(STAGE_LIBDIR)
+	$(CC) $(C_STRICT) -g $$($(STAGE_PKG_CONFIG) --cflags sqdisc sqdisc_sim) $< -o $@ \
+		$$($(STAGE_PKG_CONFIG) --libs sqdisc sqdisc_sim) -Wl,-rpath,$(STAGE)$(STAGE_LIBDIR)
 
 $(STAGE)/.installed:
 	$(MAKE) --no-print-directory stage

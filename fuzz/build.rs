@@ -1,16 +1,18 @@
-//! Generates the Rust declarations of the public C headers (`include/sqdisc.h`, `sqdisc_sim.h`,
-//! `sqdisc_scripted.h`), so that the fuzz target calls the library exactly as the headers declare it.
+//! Generates the Rust declarations of the C headers (`include/sqdisc.h`, `include/sqdisc_sim.h`, and the
+//! test-only `c-tests/support/sqdisc_scripted.h`), so that the fuzz target calls the library exactly as the headers declare it.
 use std::env;
 use std::path::PathBuf;
 
 fn main() {
     let include = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("..").join("include");
-    for h in ["sqdisc.h", "sqdisc_sim.h", "sqdisc_scripted.h"] {
-        println!("cargo:rerun-if-changed={}", include.join(h).display());
+    let support = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("..").join("c-tests").join("support");
+    for h in [include.join("sqdisc.h"), include.join("sqdisc_sim.h"), support.join("sqdisc_scripted.h")] {
+        println!("cargo:rerun-if-changed={}", h.display());
     }
     let bindings = bindgen::Builder::default()
         .header_contents("fuzz_capi.h", "#include <sqdisc_sim.h>\n#include <sqdisc_scripted.h>\n")
         .clang_arg(format!("-I{}", include.display()))
+        .clang_arg(format!("-I{}", support.display()))
         .allowlist_function("sqd_.*")
         .allowlist_type("sqd_.*")
         .allowlist_var("SQD_.*")

@@ -1107,6 +1107,16 @@ int sqd_device_unregister(struct ibv_context *ctx);
 int sqd_device_lookup(struct ibv_context *ctx,
                       struct sqd_device_ops *ops);
 
+/**
+ * Leaves `message` (copied) as the calling thread's `sqd_last_error()`, for a device implemented in another
+ * library whose own C functions fail: its callers read the message where they read the library's. A device
+ * library carrying its own copy of sqdisc's core (libsqdisc_sim) calls the first `sqd_device_set_error` in
+ * global scope, like `sqd_device_lookup`.
+ *
+ * Returns 0; `-EINVAL` for a NULL `message` (then "message is NULL" is the last error).
+ */
+int sqd_device_set_error(const char *message);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -23,8 +23,8 @@ bench_init() {
             PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
     }
     local cflags libs
-    read -r -a cflags <<< "$(bench_pc --cflags sqdisc)"
-    read -r -a libs <<< "$(bench_pc --libs sqdisc)"
+    read -r -a cflags <<< "$(bench_pc --cflags sqdisc sqdisc_sim)"
+    read -r -a libs <<< "$(bench_pc --libs sqdisc sqdisc_sim)"
     mkdir -p "$bin"
     local cc=${CC:-cc} strict=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
     "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" "$root/benches/null_provider.c" \

@@ -28,8 +28,8 @@ pc() {
         PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
 }
 mkdir -p "$bin"
-read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc)"
-read -r -a libs <<< "$(pc --libs sqdisc_spdk sqdisc)"
+read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
+read -r -a libs <<< "$(pc --libs sqdisc_spdk sqdisc sqdisc_sim)"
 cc=${CC:-cc}
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_bench.c -o "$bin/spdk_bench" \
     -rdynamic "${libs[@]}" -Wl,-rpath,"$lib"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds every c-tests/*.c against the staged install, only through pkg-config, and runs it four ways:
-#   dynamic   linked to libsqdisc.so, run with LD_LIBRARY_PATH into the stage
-#   static    linked to libsqdisc.a (pkg-config --static), run with no path into the stage
+#   dynamic   linked to libsqdisc.so and libsqdisc_sim.so, run with LD_LIBRARY_PATH into the stage
+#   static    linked to libsqdisc.a and libsqdisc_sim.a (pkg-config --static), run with no path into the stage
 #   sanitize  the dynamic build with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer
 #   valgrind  the dynamic build under memcheck with full leak checking
 # Probes in c-tests/support first prove that the sanitizers and valgrind really report faults here.
-# usage: c-tests.sh STAGE_DIR LIBDIR_IN_STAGE
+# Every test links `pkg-config sqdisc sqdisc_sim`; one that uses the scripted test device (it includes
+# <sqdisc_scripted.h>, directly or through c-tests/support/harness.h) also links the test-only
+# libsqdisc_scripted from SCRIPTED_LIBDIR (the Makefile's build/test/lib), its header from c-tests/support.
+# usage: c-tests.sh STAGE_DIR LIBDIR_IN_STAGE SCRIPTED_LIBDIR
 set -euo pipefail
 
-stage=$1 libdir=$2
+stage=$1 libdir=$2 scripted_lib=$3
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/c-tests
 CC=${CC:-cc}
@@ -25,12 +28,22 @@ if [ ! -f "$stage_lib/pkgconfig/sqdisc.pc" ]; then
     echo "c-tests: no staged install in $stage (run \`make stage\`)" >&2
     exit 1
 fi
-read -r -a cflags <<< "$(pc --cflags sqdisc)"
-read -r -a libs <<< "$(pc --libs sqdisc)"
-read -r -a static_libs <<< "$(pc --static --libs sqdisc)"
-# Take libsqdisc from its archive; the system libraries it needs stay shared.
+if [ ! -f "$stage_lib/pkgconfig/sqdisc_sim.pc" ]; then
+    echo "c-tests: the staged install has no sqdisc_sim.pc (run \`make stage\`)" >&2
+    exit 1
+fi
+if [ ! -f "$scripted_lib/libsqdisc_scripted.so" ] || [ ! -f "$scripted_lib/libsqdisc_scripted.a" ]; then
+    echo "c-tests: no libsqdisc_scripted in $scripted_lib (run \`make scripted-lib\`)" >&2
+    exit 1
+fi
+read -r -a cflags <<< "$(pc --cflags sqdisc sqdisc_sim)"
+read -r -a libs <<< "$(pc --libs sqdisc sqdisc_sim)"
+read -r -a static_libs <<< "$(pc --static --libs sqdisc sqdisc_sim)"
+# Take libsqdisc and libsqdisc_sim from their archives; the system libraries they need stay shared.
 for i in "${!static_libs[@]}"; do
-    [ "${static_libs[$i]}" = -lsqdisc ] && static_libs[$i]="-Wl,-Bstatic -lsqdisc -Wl,-Bdynamic"
+    case ${static_libs[$i]} in
+        -lsqdisc|-lsqdisc_sim) static_libs[$i]="-Wl,-Bstatic ${static_libs[$i]} -Wl,-Bdynamic" ;;
+    esac
 done
 read -r -a static_libs <<< "${static_libs[*]}"
 # c-tests/spdk_*.c drive libsqdisc_spdk, the SPDK provider, on the software HCA of libsqdisc: they link both,
@@ -39,12 +52,12 @@ if [ ! -f "$stage_lib/pkgconfig/sqdisc_spdk.pc" ]; then
     echo "c-tests: the staged install has no sqdisc_spdk.pc (run \`make stage\`)" >&2
     exit 1
 fi
-read -r -a spdk_cflags <<< "$(pc --cflags sqdisc_spdk sqdisc)"
-read -r -a spdk_libs <<< "-rdynamic $(pc --libs sqdisc_spdk sqdisc)"
-read -r -a spdk_static_libs <<< "-rdynamic $(pc --static --libs sqdisc_spdk sqdisc)"
+read -r -a spdk_cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
+read -r -a spdk_libs <<< "-rdynamic $(pc --libs sqdisc_spdk sqdisc sqdisc_sim)"
+read -r -a spdk_static_libs <<< "-rdynamic $(pc --static --libs sqdisc_spdk sqdisc sqdisc_sim)"
 for i in "${!spdk_static_libs[@]}"; do
     case ${spdk_static_libs[$i]} in
-        -lsqdisc|-lsqdisc_spdk) spdk_static_libs[$i]="-Wl,-Bstatic ${spdk_static_libs[$i]} -Wl,-Bdynamic" ;;
+        -lsqdisc|-lsqdisc_spdk|-lsqdisc_sim) spdk_static_libs[$i]="-Wl,-Bstatic ${spdk_static_libs[$i]} -Wl,-Bdynamic" ;;
     esac
 done
 read -r -a spdk_static_libs <<< "${spdk_static_libs[*]}"
@@ -137,6 +150,11 @@ for src in "${tests[@]}"; do
     else
         t_cflags=("${cflags[@]}") t_libs=("${libs[@]}") t_static_libs=("${static_libs[@]}")
     fi
+    if grep -qE '#include [<"](sqdisc_scripted|support/harness)\.h[>"]' "$src"; then
+        t_cflags+=(-I"$root/c-tests/support")
+        t_libs+=(-L"$scripted_lib" -lsqdisc_scripted -Wl,-rpath,"$scripted_lib")
+        t_static_libs+=("$scripted_lib/libsqdisc_scripted.a")
+    fi
 
     # dynamic
     exe=$out/dynamic/$t
@@ -145,7 +163,7 @@ for src in "${tests[@]}"; do
         for mode in static sanitize valgrind; do fail "$t [$mode]: not run, the dynamic build failed"; done
         continue
     fi
-    resolved=$(LD_LIBRARY_PATH=$stage_lib ldd "$exe" | awk '$1 ~ /^libsqdisc(_spdk)?\.so/ { print $3 }')
+    resolved=$(LD_LIBRARY_PATH=$stage_lib ldd "$exe" | awk '$1 ~ /^libsqdisc(_spdk|_sim)?\.so/ { print $3 }')
     if [ -z "$resolved" ] || grep -qv "^$stage_lib/" <<<"$resolved"; then
         echo "libsqdisc resolves to '$resolved'" > "$logs.dynamic.run"
         fail "$t [dynamic]: libsqdisc does not come from the stage" "$logs.dynamic.run"

@@ -54,10 +54,10 @@ report_counts() {
     done
     if [ -z "$missing" ]; then pass "$text"; else fail "$name: the report lacks ${missing#, }" "$rep"; fi
 }
-read -r -a both_cflags <<< "$(pc --cflags sqdisc sqdisc_check)"
-read -r -a both_libs <<< "$(pc --libs sqdisc sqdisc_check)"
-read -r -a sim_cflags <<< "$(pc --cflags sqdisc)"
-read -r -a sim_libs <<< "$(pc --libs sqdisc)"
+read -r -a both_cflags <<< "$(pc --cflags sqdisc sqdisc_sim sqdisc_check)"
+read -r -a both_libs <<< "$(pc --libs sqdisc sqdisc_sim sqdisc_check)"
+read -r -a sim_cflags <<< "$(pc --cflags sqdisc sqdisc_sim)"
+read -r -a sim_libs <<< "$(pc --libs sqdisc sqdisc_sim)"
 checker=$stage_lib/libsqdisc_check.so
 shim=$out/sim_shim.so
 src=$root/c-tests/check

@@ -15,6 +15,8 @@ spdk_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *
 spdk_major=${spdk_version%%.*}
 check_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' check/Cargo.toml)
 check_major=${check_version%%.*}
+sim_version=$(awk -F':= ' '/^SIM_VERSION :=/ { print $2; exit }' Makefile)
+sim_major=${sim_version%%.*}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -36,6 +38,11 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
         "$libdir/libsqdisc.so"
         "$libdir/libsqdisc.a"
         "$pcdir/sqdisc.pc"
+        "$libdir/libsqdisc_sim.so.$sim_version"
+        "$libdir/libsqdisc_sim.so.$sim_major"
+        "$libdir/libsqdisc_sim.so"
+        "$libdir/libsqdisc_sim.a"
+        "$pcdir/sqdisc_sim.pc"
         "$libdir/libsqdisc_spdk.so.$spdk_version"
         "$libdir/libsqdisc_spdk.so.$spdk_major"
         "$libdir/libsqdisc_spdk.so"
@@ -79,6 +86,21 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
         cat "$pc" | sed 's/^/    | /'
         fail "install ($label): sqdisc.pc gives libdir '$got_libdir', includedir '$got_incdir'"
     fi
+    [ "$(readlink "$dest$libdir/libsqdisc_sim.so")" = "libsqdisc_sim.so.$sim_major" ] \
+        && [ "$(readlink "$dest$libdir/libsqdisc_sim.so.$sim_major")" = "libsqdisc_sim.so.$sim_version" ] \
+        && pass "install ($label): libsqdisc_sim.so -> .so.$sim_major -> .so.$sim_version" \
+        || fail "install ($label): libsqdisc_sim.so links are wrong"
+    if [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --variable=libdir sqdisc_sim)" = "$libdir" ] \
+        && [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --variable=includedir sqdisc_sim)" = "$includedir" ] \
+        && [ "$(PKG_CONFIG_PATH=$dest$pcdir pkg-config --modversion sqdisc_sim)" = "$sim_version" ] \
+        && PKG_CONFIG_PATH=$dest$pcdir pkg-config --print-requires sqdisc_sim | grep -qx 'sqdisc' \
+        && ! grep -q "$dest" "$dest$pcdir/sqdisc_sim.pc"; then
+        pass "install ($label): sqdisc_sim.pc names libdir $libdir, includedir $includedir, version $sim_version, requires sqdisc, no DESTDIR"
+    else
+        sed 's/^/    | /' "$dest$pcdir/sqdisc_sim.pc"
+        fail "install ($label): sqdisc_sim.pc is wrong"
+    fi
+
     [ "$(readlink "$dest$libdir/libsqdisc_spdk.so")" = "libsqdisc_spdk.so.$spdk_major" ] \
         && [ "$(readlink "$dest$libdir/libsqdisc_spdk.so.$spdk_major")" = "libsqdisc_spdk.so.$spdk_version" ] \
         && pass "install ($label): libsqdisc_spdk.so -> .so.$spdk_major -> .so.$spdk_version" \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The Rust library without the `capi` feature (what a Rust user or the SPDK provider builds on) defines no C
-# symbol: every `#[no_mangle]` function of the C ABI sits behind the feature, so a Rust program that links the
-# rlib never exports `sqd_*` functions of its own. Builds the rlib without features and lists its defined,
-# global, unmangled symbols; any is a failure.
+# The Rust library without features (what a Rust user or the SPDK provider builds on) defines no C symbol and
+# holds no test device: every `#[no_mangle]` function of the C ABI sits behind the `capi` feature, so a Rust
+# program that links the rlib never exports `sqd_*` functions of its own, and the software HCA and the scripted
+# device sit behind `sim` and `scripted`. Builds the rlib without features and fails on any defined, global,
+# unmangled symbol and on any code of `sqdisc::sim` or `sqdisc::scripted`.
 #
 # usage: check-rlib-symbols.sh
 set -euo pipefail
@@ -29,4 +30,11 @@ if [ -n "$c_symbols" ]; then
     echo "$c_symbols" >&2
     exit 1
 fi
-echo "check-rlib-symbols: $(basename "$rlib") built without the capi feature defines no C symbol"
+# Nor does it carry the test devices (features sim, scripted): no code of sqdisc::sim or sqdisc::scripted.
+devices=$(nm --defined-only --demangle "$rlib" 2>/dev/null | grep -E ' sqdisc::(sim|scripted)::' | head -n 5 || true)
+if [ -n "$devices" ]; then
+    echo "check-rlib-symbols: $rlib (no features) holds code of the test devices:" >&2
+    echo "$devices" >&2
+    exit 1
+fi
+echo "check-rlib-symbols: $(basename "$rlib") built without features defines no C symbol and no test device"

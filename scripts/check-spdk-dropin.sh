@@ -27,8 +27,8 @@ pc() {
     PKG_CONFIG_SYSROOT_DIR=$stage PKG_CONFIG_PATH=$stage_lib/pkgconfig \
         PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
 }
-read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc)"
-read -r -a sim_libs <<< "$(pc --libs sqdisc) -Wl,-rpath,$stage_lib"
+read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
+read -r -a sim_libs <<< "$(pc --libs sqdisc sqdisc_sim) -Wl,-rpath,$stage_lib"
 read -r -a static_deps <<< "$(pc --static --libs-only-l sqdisc_spdk | sed 's/-lsqdisc_spdk//')"
 sqdisc_so=$stage_lib/libsqdisc_spdk.so.0
 sqdisc_a=$stage_lib/libsqdisc_spdk.a

@@ -6,16 +6,20 @@
 # dynamic symbols, the static archive's global ones). Then every dynamic symbol of the shared library must
 # carry its map node as its version: the node that names it last is its default version (name@@NODE), an
 # earlier node naming it too is an older version kept for binaries linked against it (name@NODE).
-# usage: check-symbols.sh [--soname NAME] [--map MAP] SHARED_LIB STATIC_LIB INCLUDE_DIR
+# libsqdisc's headers are INCLUDE_DIR/*.h but those of the other libraries; --header NAME (repeatable) checks a
+# library whose headers are only those (libsqdisc_sim: --map src/sim/sqdisc_sim.map --header sqdisc_sim.h).
+# usage: check-symbols.sh [--soname NAME] [--map MAP] [--header NAME]... SHARED_LIB STATIC_LIB INCLUDE_DIR
 set -euo pipefail
 
 soname=
+headers=()
 map="$(cd "$(dirname "$0")/.." && pwd)/src/capi/sqdisc.map"
 while [ $# -gt 3 ]; do
     case $1 in
         --soname) soname=$2; shift 2 ;;
         --map) map=$2; shift 2 ;;
-        *) echo "usage: $0 [--soname NAME] [--map MAP] SHARED_LIB STATIC_LIB INCLUDE_DIR" >&2; exit 2 ;;
+        --header) headers+=("$2"); shift 2 ;;
+        *) echo "usage: $0 [--soname NAME] [--map MAP] [--header NAME]... SHARED_LIB STATIC_LIB INCLUDE_DIR" >&2; exit 2 ;;
     esac
 done
 so=$1 archive=$2 incdir=$3
@@ -65,11 +69,22 @@ awk '{ last[$1] = $2; all[$1] = all[$1] " " $2 }
 # declaration; pointer typedefs read `(*sqd_name)(` and do not match.
 verbs_cflags=$(pkg-config --cflags libibverbs 2>/dev/null || true)
 for h in "$incdir"/*.h; do
-    # libsqdisc_spdk's and libsqdisc_check's headers belong to those libraries (scripts/check-spdk-symbols.sh,
-    # scripts/check-checker-symbols.sh).
-    case $(basename "$h") in sqdisc_spdk.h | sqdisc_check.h) continue ;; esac
-    # shellcheck disable=SC2086
-    "$CC" -E -P -I"$incdir" $verbs_cflags -x c "$h"
+    if [ ${#headers[@]} -gt 0 ]; then
+        case " ${headers[*]} " in *" $(basename "$h") "*) ;; *) continue ;; esac
+    else
+        # libsqdisc_sim's, libsqdisc_spdk's and libsqdisc_check's headers belong to those libraries (checked with
+        # --header sqdisc_sim.h, scripts/check-spdk-symbols.sh, scripts/check-checker-symbols.sh).
+        case $(basename "$h") in sqdisc_sim.h | sqdisc_spdk.h | sqdisc_check.h) continue ;; esac
+    fi
+    if [ ${#headers[@]} -gt 0 ]; then
+        # Only this header's own declarations: not those of the <sqdisc.h> it includes (preprocessing needs
+        # no types).
+        # shellcheck disable=SC2086
+        grep -v '^#include <sqdisc.h>' "$h" | "$CC" -E -P -I"$incdir" $verbs_cflags -x c -
+    else
+        # shellcheck disable=SC2086
+        "$CC" -E -P -I"$incdir" $verbs_cflags -x c "$h"
+    fi
 done | grep -oE '\bsqd_[A-Za-z0-9_]+[[:space:]]*\(' | sed 's/[[:space:]]*($//' | sort -u > "$work/header"
 if [ ! -s "$work/header" ]; then
     fail "no sqd_* function declared in $incdir/*.h"

@@ -22,10 +22,13 @@ out=$root/build/tsan
 CC=${CC:-cc}
 mkdir -p "$out/lib"
 
-echo "tsan: building libsqdisc.so with -Zsanitizer=thread -Zbuild-std ($toolchain)"
+# The tests drive the software HCA: this one library carries it too (features capi,sim), exporting the product
+# API and the sim's functions, under one version script made of both export maps (one `local: *` kept).
+sed '/^ *local:/,/^ *\*;/d' "$root/src/sim/sqdisc_sim.map" | cat "$root/src/capi/sqdisc.map" - > "$out/tsan.map"
+echo "tsan: building libsqdisc.so (with the sim) with -Zsanitizer=thread -Zbuild-std ($toolchain)"
 RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
-    cargo "+$toolchain" rustc --quiet --lib --features capi --release -Zbuild-std --target "$target" --crate-type cdylib \
-    -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$root/src/capi/sqdisc.map"
+    cargo "+$toolchain" rustc --quiet --lib --features capi,sim --release -Zbuild-std --target "$target" --crate-type cdylib \
+    -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$out/tsan.map"
 cp -f "target/tsan/$target/release/libsqdisc.so" "$out/lib/libsqdisc.so.0"
 ln -sfn libsqdisc.so.0 "$out/lib/libsqdisc.so"
 nm -D "$out/lib/libsqdisc.so.0" > "$out/nm.txt"
@@ -35,7 +38,7 @@ if ! grep -q ' U __tsan_func_entry' "$out/nm.txt"; then
 fi
 
 build() { # exe source
-    "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude "$2" c-tests/support/tsan_shim.c \
+    "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude -Ic-tests/support "$2" c-tests/support/tsan_shim.c \
         -o "$1" -L"$out/lib" -lsqdisc -libverbs -lpthread -Wl,-rpath,"$out/lib"
 }
 export TSAN_OPTIONS="exitcode=66 halt_on_error=0"

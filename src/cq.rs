@@ -613,7 +613,7 @@ impl Drop for ResetOnDrop<'_> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "scripted"))]
 mod tests {
     use super::*;
     use crate::queue::{Queue, QueueConfig};

@@ -1,8 +1,9 @@
 //! The committed C headers are exactly what cbindgen makes of the current sources.
 //!
 //! `include/sqdisc.h` holds every `sqd_*` function, type and `SQD_*` constant except the scripted test
-//! device's and the software HCA's; `include/sqdisc_scripted.h` holds only `sqd_scripted_*` /
-//! `SQD_SCRIPTED_*`, `include/sqdisc_sim.h` only `sqd_sim_*` / `SQD_SIM_*`; both include `<sqdisc.h>`. Configuration: `cbindgen.toml`. With `SQDISC_UPDATE_HEADERS=1` (what `make header` sets) the
+//! device's and the software HCA's; `include/sqdisc_sim.h` (libsqdisc_sim's) only `sqd_sim_*` / `SQD_SIM_*`;
+//! `c-tests/support/sqdisc_scripted.h` (the test-only libsqdisc_scripted's, never installed) only
+//! `sqd_scripted_*` / `SQD_SCRIPTED_*`; both include `<sqdisc.h>`. Configuration: `cbindgen.toml`. With `SQDISC_UPDATE_HEADERS=1` (what `make header` sets) the
 //! test rewrites the files instead of comparing.
 
 use std::fs;
@@ -12,7 +13,7 @@ use cbindgen::bindgen::ir::Item;
 use cbindgen::{Bindings, Builder, Config};
 
 const MAIN_HEADER: &str = "include/sqdisc.h";
-const SCRIPTED_HEADER: &str = "include/sqdisc_scripted.h";
+const SCRIPTED_HEADER: &str = "c-tests/support/sqdisc_scripted.h";
 const SIM_HEADER: &str = "include/sqdisc_sim.h";
 
 fn root() -> PathBuf {

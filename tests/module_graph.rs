@@ -44,6 +44,8 @@ fn parser_finds_each_form_of_path() {
         mod tests { use crate::only_in_tests; }
         #[cfg(test)]
         use crate::test_import;
+        #[cfg(all(test, feature = "x"))]
+        mod feature_tests { use crate::only_in_feature_tests; }
     "#;
     let got: BTreeSet<String> = targets(text, &["top".to_string()]).into_iter().map(|(m, _)| m).collect();
     let want: BTreeSet<String> = ["a", "b", "c", "f", "h", "i"].iter().map(|s| s.to_string()).collect();
@@ -286,14 +288,14 @@ fn without_comments_and_strings(text: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-/// `code` with each item under `#[cfg(test)]` blanked: up to its `;`, or its `{..}` block.
+/// `code` with each item compiled only for tests blanked: an item under `#[cfg(test)]` or a `#[cfg(all(test,
+/// ..))]`, up to its `;`, or its `{..}` block.
 fn without_test_items(code: &str) -> String {
     let mut out = code.as_bytes().to_vec();
     let mut from = 0;
-    while let Some(p) = code[from..].find("#[cfg(test)]") {
-        let start = from + p;
+    while let Some((start, attr_end)) = next_test_cfg(code, from) {
         let b = code.as_bytes();
-        let mut j = start + "#[cfg(test)]".len();
+        let mut j = attr_end;
         while j < b.len() && b[j] != b';' && b[j] != b'{' {
             j += 1;
         }
@@ -322,6 +324,15 @@ fn without_test_items(code: &str) -> String {
         from = end;
     }
     String::from_utf8(out).unwrap()
+}
+
+/// The next `#[cfg(test)]` or `#[cfg(all(test, ..))]` at or after `from`: its start and the end of the attribute.
+fn next_test_cfg(code: &str, from: usize) -> Option<(usize, usize)> {
+    ["#[cfg(test)]", "#[cfg(all(test,"]
+        .iter()
+        .filter_map(|pat| code[from..].find(pat).map(|p| from + p))
+        .min()
+        .map(|start| (start, start + code[start..].find(']').map_or(code.len() - start, |e| e + 1)))
 }
 
 /// A cycle `[a, b, .., a]` if the graph has one (depth-first, in name order, so the report is stable).

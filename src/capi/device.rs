@@ -1,10 +1,10 @@
 //! C API: the seam for software devices (`sqd_device_*`), over [`crate::verbs::device`].
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
 
 use rdma_sys::ibv_context;
 
-use super::{fail, ffi_boundary, status};
+use super::{fail, ffi_boundary, set_last_error, status};
 use crate::error::{Error, Result};
 use crate::verbs::device::{self, DeviceOps, DEVICE_OPS_SIZE_V1};
 
@@ -81,6 +81,25 @@ pub unsafe extern "C" fn sqd_device_lookup(ctx: *mut ibv_context, ops: *mut Devi
                 1
             }
         }
+    })
+}
+
+/// Leaves `message` (copied) as the calling thread's `sqd_last_error()`, for a device implemented in another
+/// library whose own C functions fail: its callers read the message where they read the library's. A device
+/// library carrying its own copy of sqdisc's core (libsqdisc_sim) calls the first `sqd_device_set_error` in
+/// global scope, like `sqd_device_lookup`.
+///
+/// Returns 0; `-EINVAL` for a NULL `message` (then "message is NULL" is the last error).
+#[no_mangle]
+pub unsafe extern "C" fn sqd_device_set_error(message: *const c_char) -> c_int {
+    ffi_boundary!({
+        if message.is_null() {
+            set_last_error(c"message is NULL".to_owned());
+            return -libc::EINVAL;
+        }
+        // SAFETY: non-NULL; the caller promises a NUL-terminated string, as documented above.
+        set_last_error(unsafe { CStr::from_ptr(message) }.to_owned());
+        0
     })
 }
 

@@ -14,7 +14,9 @@ pub mod cq;
 pub mod error;
 pub mod handle;
 pub mod queue;
+#[cfg(feature = "scripted")]
 pub mod scripted;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod srq;
 // Last: its declarations close include/sqdisc.h.
@@ -24,11 +26,20 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Records `err` as this thread's last error and returns its negative errno.
+/// Records `err` as this thread's last error and returns its negative errno. In a copy of the C layer that is
+/// not the process's canonical one (libsqdisc_sim's), the message goes to the canonical copy's last error
+/// through `sqd_device_set_error`, since the program reads that copy's `sqd_last_error()`.
 pub(crate) fn fail(err: &Error) -> i32 {
     let text = CString::new(err.message().replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
+    if !crate::verbs::device::forward_error(&text) {
+        set_last_error(text);
+    }
     -err.errno()
+}
+
+/// Makes `text` this copy's last error on the calling thread.
+pub(crate) fn set_last_error(text: CString) {
+    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
 }
 
 /// Converts a result into the C convention: `0` or a negative errno (message recorded).

@@ -18,6 +18,10 @@
 //! program with no libsqdisc in global scope: a static link without `-rdynamic`, a library opened with
 //! `dlopen(RTLD_LOCAL)`, a Rust program) or finds its own keeps its own table. Which table a copy uses is decided
 //! once: a libsqdisc opened with `RTLD_GLOBAL` after a copy's first use of the registry is not seen by that copy.
+//!
+//! The same copy also takes the messages of a copy's failing C functions (libsqdisc_sim's `sqd_sim_*` carry
+//! their own copy of the C layer): `forward_error` hands them to its `sqd_device_set_error`, so that the
+//! `sqd_last_error()` a program calls, the canonical copy's, reads them.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -130,6 +134,7 @@ fn local_lookup(ctx: *mut ibv_context) -> Option<DeviceOps> {
 type RegisterFn = unsafe extern "C" fn(*mut ibv_context, *const DeviceOps) -> c_int;
 type UnregisterFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;
 type LookupFn = unsafe extern "C" fn(*mut ibv_context, *mut DeviceOps) -> c_int;
+type SetErrorFn = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
 
 /// The registry of another copy of the core, reached through its exported functions.
 #[derive(Clone, Copy)]
@@ -137,6 +142,9 @@ struct Canonical {
     register: RegisterFn,
     unregister: UnregisterFn,
     lookup: LookupFn,
+    /// Its `sqd_device_set_error`: where this copy's C functions leave their messages, so that the program's
+    /// `sqd_last_error()` (the canonical copy's) reads them.
+    set_error: Option<SetErrorFn>,
 }
 
 /// `None`: this copy's table is the process's (or the one this copy can see).
@@ -188,6 +196,7 @@ fn resolve_canonical() -> Option<Canonical> {
     let lookup = global_symbol(c"sqd_device_lookup").filter(|&p| is_foreign(p))?;
     let register = global_symbol(c"sqd_device_register")?;
     let unregister = global_symbol(c"sqd_device_unregister")?;
+    let set_error = global_symbol(c"sqd_device_set_error");
     // SAFETY: each address is the exported function of that name of another copy of this library (the names are
     // the library's own, with these signatures in every version that has them).
     unsafe {
@@ -195,6 +204,7 @@ fn resolve_canonical() -> Option<Canonical> {
             register: std::mem::transmute::<*mut c_void, RegisterFn>(register),
             unregister: std::mem::transmute::<*mut c_void, UnregisterFn>(unregister),
             lookup: std::mem::transmute::<*mut c_void, LookupFn>(lookup),
+            set_error: set_error.map(|p| std::mem::transmute::<*mut c_void, SetErrorFn>(p)),
         })
     }
 }
@@ -259,6 +269,18 @@ pub(crate) fn lookup(ctx: *mut ibv_context) -> Option<DeviceOps> {
             (unsafe { (c.lookup)(ctx, &mut out) } == 1).then_some(out)
         }
     }
+}
+
+/// Leaves `message` for the canonical copy's `sqd_last_error()` on this thread, when this copy is not the
+/// canonical one (the C functions of a device library that carries its own copy of the core, such as
+/// libsqdisc_sim). `false`: this copy's own last error is the one the program reads; the caller records it.
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) fn forward_error(message: &std::ffi::CStr) -> bool {
+    let Some(set_error) = canonical().and_then(|c| c.set_error) else { return false };
+    // SAFETY: the canonical function of this name, given a NUL-terminated string that outlives the call (it
+    // copies the text).
+    unsafe { set_error(message.as_ptr()) };
+    true
 }
 
 /// What a handle holds of a registered device: released (the device told) when dropped.
