@@ -22,12 +22,16 @@ out=$root/build/tsan
 CC=${CC:-cc}
 mkdir -p "$out/lib"
 
-# The tests drive the software HCA: this one library carries it too (features capi,sim), exporting the product
-# API and the sim's functions, under one version script made of both export maps (one `local: *` kept).
-sed '/^ *local:/,/^ *\*;/d' "$root/src/sim/sqdisc_sim.map" | cat "$root/src/capi/sqdisc.map" - > "$out/tsan.map"
-echo "tsan: building libsqdisc.so (with the sim) with -Zsanitizer=thread -Zbuild-std ($toolchain)"
+# The tests drive the software HCA and the scripted test device: this one library carries both too (features
+# capi,sim,scripted), exporting the product API, the sim's functions and the scripted device's, under one
+# version script made of both export maps (one `local: *` kept) and a node for the test-only `sqd_scripted_*`.
+{
+    sed '/^ *local:/,/^ *\*;/d' "$root/src/sim/sqdisc_sim.map" | cat "$root/src/capi/sqdisc.map" -
+    printf 'SQDISC_TSAN_TEST {\n    global:\n        sqd_scripted_*;\n};\n'
+} > "$out/tsan.map"
+echo "tsan: building libsqdisc.so (with the test devices) with -Zsanitizer=thread -Zbuild-std ($toolchain)"
 RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
-    cargo "+$toolchain" rustc --quiet --lib --features capi,sim --release -Zbuild-std --target "$target" --crate-type cdylib \
+    cargo "+$toolchain" rustc --quiet --lib --features capi,sim,scripted --release -Zbuild-std --target "$target" --crate-type cdylib \
     -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$out/tsan.map"
 cp -f "target/tsan/$target/release/libsqdisc.so" "$out/lib/libsqdisc.so.0"
 ln -sfn libsqdisc.so.0 "$out/lib/libsqdisc.so"
