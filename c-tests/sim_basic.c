@@ -12,26 +12,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
-static const char *current = "setup";
-
-#define CHECK(cond)                                                                                        \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            fprintf(stderr, "FAIL %s: %s:%d: %s (last error: %s)\n", current, __FILE__, __LINE__, #cond,  \
-                    sqd_last_error());                                                                     \
-            exit(1);                                                                                       \
-        }                                                                                                  \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                                     \
-    do {                                                                                                   \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                                \
-        if (a_ != b_) {                                                                                    \
-            fprintf(stderr, "FAIL %s: %s:%d: %s == %lld, expected %s == %lld (last error: %s)\n", current, \
-                    __FILE__, __LINE__, #a, a_, #b, b_, sqd_last_error());                                 \
-            exit(1);                                                                                       \
-        }                                                                                                  \
-    } while (0)
+#include "support/exit_checks.h"
 
 static void pass(void) { printf("PASS %s\n", current); }
 

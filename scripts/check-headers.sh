@@ -44,7 +44,7 @@ rust_only=(
     '\[`|an intra-doc link'
     '\b(Option|Result|Box|Rc|Arc|Vec|RefCell|Cell|Pin|NonNull)<|a Rust generic type'
     '&mut\b|&self\b|a Rust reference'
-    '\b(Self|impl|unsafe|None|Some\(|Ok\(|Err\()|a Rust keyword or variant'
+    '\b(Self|impl|unsafe|None)\b|\b(Some|Ok|Err)\(|a Rust keyword or variant'
     '\bRust\b|the word Rust'
 )
 for h in "${headers[@]}"; do
