@@ -28,7 +28,9 @@ pc() {
         PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
 }
 read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
-read -r -a sim_libs <<< "$(pc --libs sqdisc sqdisc_sim) -Wl,-rpath,$stage_lib"
+# libsqdisc is named as needed by the program itself (--no-as-needed), so the run path below finds it: a
+# DT_RUNPATH serves only the program's own dependencies, not libsqdisc_sim's.
+read -r -a sim_libs <<< "-Wl,--no-as-needed $(pc --libs sqdisc sqdisc_sim) -Wl,-rpath,$stage_lib"
 read -r -a static_deps <<< "$(pc --static --libs-only-l sqdisc_spdk | sed 's/-lsqdisc_spdk//')"
 sqdisc_so=$stage_lib/libsqdisc_spdk.so.0
 sqdisc_a=$stage_lib/libsqdisc_spdk.a
