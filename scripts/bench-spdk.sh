@@ -32,9 +32,9 @@ read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
 read -r -a libs <<< "$(pc --libs sqdisc_spdk sqdisc sqdisc_sim)"
 cc=${CC:-cc}
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_bench.c -o "$bin/spdk_bench" \
-    -rdynamic "${libs[@]}" -Wl,-rpath,"$lib"
+    -rdynamic -Wl,--no-as-needed "${libs[@]}" -Wl,-rpath,"$lib"
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_poll_bench.c \
-    -o "$bin/spdk_poll_bench" -rdynamic "${libs[@]}" -Wl,-rpath,"$lib"
+    -o "$bin/spdk_poll_bench" -rdynamic -Wl,--no-as-needed "${libs[@]}" -Wl,-rpath,"$lib"
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -fPIC -shared benches/alloc_count.c -o "$bin/alloc_count.so"
 
 cg() { # [valgrind options --] ARGS: instructions callgrind counts for one run
