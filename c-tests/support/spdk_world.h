@@ -11,26 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *current = "setup";
-
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s: %s:%d: %s (last spdk_log: %s)\n", current, __FILE__, __LINE__, #cond,  \
-                    standin.last_log);                                                                       \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                                       \
-    do {                                                                                                     \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                                  \
-        if (a_ != b_) {                                                                                      \
-            fprintf(stderr, "FAIL %s: %s:%d: %s == %lld, expected %s == %lld (last spdk_log: %s)\n", current, \
-                    __FILE__, __LINE__, #a, a_, #b, b_, standin.last_log);                                   \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+/* Checks end the program and report the last spdk_log line. */
+#define EXIT_CHECK_CONTEXT standin.last_log
+#define EXIT_CHECK_CONTEXT_NAME "last spdk_log"
+#include "exit_checks.h"
 
 /* ---- a target qpair (through the provider) connected to a peer QP (raw, on the same device) --------------- */
 
