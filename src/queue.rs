@@ -10,7 +10,7 @@ use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
-use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
+use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome, SendLedger};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
@@ -216,6 +216,11 @@ pub(crate) struct QueueShared {
     /// Bytes its creation added to that pool (counted in its footprint).
     pool_bytes: u64,
     state: RefCell<QueueState>,
+    /// The send ring and the released count, also in `state.send`: the release loop's common case reads and
+    /// advances them without borrowing `state` (`SendLedger`'s contract).
+    ledger: Rc<SendLedger>,
+    /// `state.barriers.first_target()`, readable without borrowing `state`.
+    barrier_at: Rc<Cell<u64>>,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
     /// takes no borrow.
@@ -459,7 +464,10 @@ impl Queue {
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
         let verify = storage.verify;
+        let barriers = Barriers::default();
         let shared = Rc::new(QueueShared {
+            ledger: storage.send.ledger().clone(),
+            barrier_at: barriers.watch(),
             verifying: verify.is_some(),
             qp,
             limits,
@@ -475,7 +483,7 @@ impl Queue {
             state: RefCell::new(QueueState {
                 send: storage.send,
                 recv: storage.recv,
-                barriers: Barriers::default(),
+                barriers,
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 tracked: Vec::new(),
@@ -817,7 +825,7 @@ fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr
     loop {
         let slot = send.slot(k);
         w.set_wr_id(slot.wr_id);
-        if slot.flags & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
+        if slot.flags() & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
             w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
         }
         k += 1;
@@ -1057,7 +1065,7 @@ impl QueueShared {
             let shape = w.shape();
             let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            let (token, signaled) = a.push(w.wr_id(), op, ulp_signaled);
+            let Some((token, signaled)) = a.push(w.wr_id(), op, ulp_signaled) else { break Some(w) };
             w.set_wr_id(token);
             if signaled & !ulp_signaled {
                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
@@ -1065,8 +1073,8 @@ impl QueueShared {
             }
             last = w;
             match w.next() {
-                Some(x) if !a.is_full() => w = x,
-                other => break other,
+                Some(x) => w = x,
+                None => break None,
             }
         };
         let done = a.end();
@@ -1247,22 +1255,12 @@ impl QueueShared {
         // The completion of the common release: only the fields a posted WR's slot fills change.
         let mut plain = Completion::default();
         loop {
+            if !VERIFY {
+                self.release_plain(&mut plain, &release);
+            }
             let item = {
                 let mut guard = self.state.borrow_mut();
                 let st = &mut *guard;
-                if !VERIFY {
-                    // The common release: a posted WR of the ULP's, no barrier due, nothing to verify.
-                    if let Some(slot) = st.send.pop_plain(st.barriers.first_target()) {
-                        drop(guard);
-                        plain.wr_id = slot.wr_id;
-                        plain.status = slot.status as u32;
-                        plain.opcode = slot.opcode as u32;
-                        plain.vendor_err = slot.vendor_err;
-                        plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
-                        release(&plain);
-                        continue;
-                    }
-                }
                 if st.barriers.is_due(st.send.released()) {
                     Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
                 } else if let Some(slot) = st.send.pop_posted() {
@@ -1350,6 +1348,38 @@ impl QueueShared {
                     }
                 }
             }
+        }
+    }
+
+    /// The common releases, as many as are due in a row: posted WRs of the ULP's (not markers, not library
+    /// operations), complete, with no barrier due before them, on a queue that does not verify buffers. The ring
+    /// and the counts are read and advanced without borrowing the state, under `SendLedger`'s contract: only
+    /// this loop moves `tail` and `released`, and nothing a callback does changes the slots between them and
+    /// the `done` read at the start. `sqd_queue_stats` read from a callback counts its WR as released. A
+    /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
+    /// run before the next release, as `barrier_at` is read after every callback.
+    #[inline(always)]
+    fn release_plain(&self, plain: &mut Completion, release: &impl Fn(&Completion)) {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        let done = ring.done();
+        let mut tail = ring.tail();
+        let mut released = ledger.released();
+        while tail != done && released < self.barrier_at.get() {
+            let slot = ring.get(tail);
+            if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                break;
+            }
+            tail += 1;
+            released += 1;
+            ledger.set_released(tail, released);
+            plain.wr_id = slot.wr_id;
+            plain.status = slot.status() as u32;
+            plain.opcode = slot.opcode() as u32;
+            plain.vendor_err = slot.vendor_err();
+            plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            release(plain);
+            debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
         }
     }
 
@@ -1697,9 +1727,9 @@ fn refusal_message(what: &str, errno: i32) -> String {
 fn completion_of(slot: &Slot) -> Completion {
     Completion {
         wr_id: slot.wr_id,
-        status: slot.status as u32,
-        opcode: slot.opcode as u32,
-        vendor_err: slot.vendor_err,
+        status: slot.status() as u32,
+        opcode: slot.opcode() as u32,
+        vendor_err: slot.vendor_err(),
         flags: if slot.has(Slot::OWN_CQE) { 0 } else { crate::completion::SQD_COMPLETION_IMPLIED },
         invalidated_rkey: 0,
         modified_sge: 0,
