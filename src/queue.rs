@@ -796,17 +796,19 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     if run.added.more {
         return restore_flags_too(send, run, cut);
     }
-    let end = run.seq + run.len as u64;
+    let (a, b) = send.slots_of(run.seq, run.len as u64);
     let mut w = run.first;
-    let mut k = run.seq;
-    loop {
-        w.set_wr_id(send.slot(k).wr_id);
-        k += 1;
-        if k == end {
-            w.set_next(cut);
-            break;
+    let mut left = run.len;
+    'walk: for part in [a, b] {
+        for slot in part {
+            w.set_wr_id(slot.get().wr_id);
+            left -= 1;
+            if left == 0 {
+                w.set_next(cut);
+                break 'walk;
+            }
+            w = w.next().expect("run is linked");
         }
-        w = w.next().expect("run is linked");
     }
     if let Some(a) = run.added.first {
         a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
@@ -819,21 +821,23 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
 /// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
 #[inline(never)]
 fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
-    let end = run.seq + run.len as u64;
+    let (a, b) = send.slots_of(run.seq, run.len as u64);
     let mut w = run.first;
-    let mut k = run.seq;
-    loop {
-        let slot = send.slot(k);
-        w.set_wr_id(slot.wr_id);
-        if slot.flags() & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
-            w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+    let mut left = run.len;
+    for part in [a, b] {
+        for slot in part {
+            let slot = slot.get();
+            w.set_wr_id(slot.wr_id);
+            if slot.flags() & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
+                w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+            }
+            left -= 1;
+            if left == 0 {
+                w.set_next(cut);
+                return;
+            }
+            w = w.next().expect("run is linked");
         }
-        k += 1;
-        if k == end {
-            w.set_next(cut);
-            return;
-        }
-        w = w.next().expect("run is linked");
     }
 }
 
@@ -881,7 +885,15 @@ impl QueueShared {
         // parks (after which `credits` is 0 and every WR goes through `admit`).
         let credits = st.send.postable();
         let note = self.verifying || !st.tracked.is_empty();
-        let result = if credits > 0 && !note {
+        let plain_one = if credits > 0 && !note && first.next().is_none() {
+            let shape = first.shape();
+            plain_wc_opcode(&shape, &self.limits).map(|op| (shape.send_flags, op))
+        } else {
+            None
+        };
+        let result = if let Some((send_flags, op)) = plain_one {
+            self.post_one(st, first, send_flags, op, credits)
+        } else if credits > 0 && !note {
             // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
             // with one doorbell; whatever is left goes through the general loop, in the same run.
             let mut added = Added::default();
@@ -905,6 +917,33 @@ impl QueueShared {
             self.tail_left();
         }
         result
+    }
+
+    /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a
+    /// chain of one, without its set-up. The WR keeps its own wr_id and flags in locals to restore them.
+    #[inline(always)]
+    fn post_one<'a>(&self, st: &mut QueueState, w: WrPtr<'a>, send_flags: u32, op: u8, credits: u32) -> std::result::Result<(), PostError<'a>> {
+        let wr_id = w.wr_id();
+        let ulp_signaled = send_flags & SEND_SIGNALED != 0;
+        let (seq, signaled) = st.send.admit_posted(wr_id, op, ulp_signaled, credits);
+        w.set_wr_id(Token::from_base(self.send_token, seq).0);
+        let added = signaled & !ulp_signaled;
+        if added {
+            w.set_send_flags(send_flags | SEND_SIGNALED);
+        }
+        let r = self.qp.post_chain(w);
+        st.doorbells += 1;
+        w.set_wr_id(wr_id);
+        if added {
+            w.set_send_flags(send_flags);
+        }
+        match r {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                let run = Run { first: w, last: w, seq, len: 1, added: Added::default() };
+                Err(self.run_refused(st, run, f))
+            }
+        }
     }
 
     /// A post or a pump left an unsignaled tail: the end of the send CQ's next poll leaves it be (more posts may

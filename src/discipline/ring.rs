@@ -152,6 +152,18 @@ impl SlotRing {
         (&self.slots[at..at + room], head)
     }
 
+    /// The slots of the `len` (at most the capacity) consecutive sequence numbers from `seq`, in order: the part
+    /// up to the storage's end and the part that wrapped to its start. Slices, so that a reader walking them
+    /// along the ULP's chain keeps them in registers (its stores into the chain may alias the ring's fields).
+    #[inline]
+    pub fn slots_of(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
+        debug_assert!(len <= self.slots.len() as u64);
+        let at = (seq & self.mask) as usize;
+        let len = len as usize;
+        let first = (self.slots.len() - at).min(len);
+        (&self.slots[at..at + first], &self.slots[..len - first])
+    }
+
     /// Ends a bulk write begun with `free_run`: every slot before `head` is posted.
     #[inline]
     pub fn set_head(&self, head: u64) {

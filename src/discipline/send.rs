@@ -206,6 +206,11 @@ impl<T: Parked> SendState<T> {
     pub fn slot(&self, seq: u64) -> Slot {
         self.ledger.ring.get(seq)
     }
+    /// The slots of a run of `len` posted, not yet released sequence numbers from `seq` (`SlotRing::slots_of`).
+    #[inline]
+    pub fn slots_of(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
+        self.ledger.ring.slots_of(seq, len)
+    }
     pub fn ring_capacity(&self) -> usize {
         self.ledger.ring.capacity()
     }
@@ -278,19 +283,20 @@ impl<T: Parked> SendState<T> {
         let run = self.policy.run() as u64;
         let interval = self.policy.interval() as u64;
         let ring = &self.ledger.ring;
-        let room = (room as u64).min(Token::seqs_before_wrap(ring.head()));
-        let (slots, head) = ring.free_run(room);
+        // The free run ends where the ring's storage does, never past a wrap of the tokens' sequence field: the
+        // storage is a power of two that divides the field's range.
+        let (slots, head) = ring.free_run(room as u64);
+        debug_assert!(slots.len() as u64 <= Token::seqs_before_wrap(head));
         let token = Token::from_base(token_base, head).0;
-        // Tokens past the wrap are never reached here: `last` and `next_signal` may lie beyond the free run.
-        let last = token.wrapping_add(credits as u64 - 1);
         Admission {
             slots: slots.iter(),
             token,
             start_token: token,
             start: head,
-            // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`.
-            next_signal: token.wrapping_add(interval.saturating_sub(run + 1)).min(last),
-            last,
+            // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`, or the one
+            // that takes the last free slot if that comes first.
+            gap: interval.saturating_sub(run + 1).min(credits as u64 - 1),
+            last: token.wrapping_add(credits as u64 - 1),
             interval,
             last_signaled: token.wrapping_sub(run + 1),
             by_ulp: 0,
@@ -629,12 +635,14 @@ impl<T: Parked> SendState<T> {
 /// last free slot, whichever comes first), so a WR costs one compare; the counters change only at a signaled WR.
 pub struct Admission<'s> {
     /// The free slots this admission may fill, in order (the ring's storage up to its end: it stops where the
-    /// ring wraps, where the caller's room ends, or before the token's sequence field wraps).
+    /// ring wraps or where the caller's room ends).
     slots: std::slice::Iter<'s, Cell<Slot>>,
     token: u64,
     start_token: u64,
     start: u64,
-    next_signal: u64,
+    /// WRs to admit before the one the policy signals next (the one that completes the interval, or the one
+    /// that takes the last free slot, whichever comes first): a WR costs one test of it.
+    gap: u64,
     /// The token of the WR that takes the last free slot: it is signaled.
     last: u64,
     interval: u64,
@@ -680,23 +688,24 @@ impl Admission<'_> {
     pub fn push(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> Option<(u64, bool)> {
         let cell = self.slots.next()?;
         let token = self.token;
-        let signaled = ulp_signaled | (token == self.next_signal);
-        if signaled {
-            self.signaled(token, ulp_signaled);
-        }
-        let flags = (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | (u8::from(signaled) * Slot::SIGNALED);
-        cell.set(Slot::new(wr_id, wc_opcode, flags));
         self.token = token + 1;
-        Some((token, signaled))
+        if (self.gap == 0) | ulp_signaled {
+            cell.set(self.signaled(token, wr_id, wc_opcode, ulp_signaled));
+            return Some((token, true));
+        }
+        self.gap -= 1;
+        cell.set(Slot::new(wr_id, wc_opcode, 0));
+        Some((token, false))
     }
 
-    /// The WR of `token` is signaled: the run restarts after it.
+    /// The WR of `token` is signaled: the run restarts after it. Returns its slot.
     #[inline]
-    fn signaled(&mut self, token: u64, ulp_signaled: bool) {
+    fn signaled(&mut self, token: u64, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> Slot {
         self.last_signaled = token;
-        self.next_signal = token.wrapping_add(self.interval).min(self.last);
+        self.gap = self.interval.min(self.last.wrapping_sub(token)).saturating_sub(1);
         self.by_ulp += u64::from(ulp_signaled);
         self.by_policy += u64::from(!ulp_signaled);
+        Slot::new(wr_id, wc_opcode, (u8::from(ulp_signaled) * Slot::ULP_SIGNALED) | Slot::SIGNALED)
     }
 
     #[inline]
