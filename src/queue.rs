@@ -1709,7 +1709,7 @@ impl QueueShared {
         QueueStats {
             accepted: st.send.accepted(),
             released: st.send.released(),
-            wqes: c.wqes,
+            wqes: st.send.wqes(),
             doorbells: st.doorbells,
             signaled_by_ulp: c.signaled_by_ulp,
             signaled_by_policy: c.signaled_by_policy,

@@ -65,7 +65,6 @@ pub enum CqeOutcome {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SendCounters {
-    pub wqes: u64,
     pub signaled_by_ulp: u64,
     pub signaled_by_policy: u64,
     pub markers: u64,
@@ -185,6 +184,11 @@ impl<T: Parked> SendState<T> {
     /// The ring and the released count, for the release loop (see `SendLedger`).
     pub fn ledger(&self) -> &Rc<SendLedger> {
         &self.ledger
+    }
+    /// WQEs posted so far, the library's own included.
+    pub fn wqes(&self) -> u64 {
+        // Every WQE posted took the next sequence number; a refused one gave it back.
+        self.ledger.ring.head()
     }
     /// WQEs the provider holds (posted, no CQE polled yet at or after them).
     pub fn in_provider(&self) -> u64 {
@@ -310,7 +314,6 @@ impl<T: Parked> SendState<T> {
         let n = a.head - a.start;
         self.ledger.ring.set_head(a.head);
         self.accepted += n;
-        self.counters.wqes += n;
         self.counters.signaled_by_ulp += a.by_ulp;
         self.counters.signaled_by_policy += a.by_policy;
         self.policy.set_run(a.run);
@@ -347,7 +350,6 @@ impl<T: Parked> SendState<T> {
             flags |= Slot::SIGNALED;
         }
         let seq = self.ledger.ring.push(Slot::new(wr_id, wc_opcode, flags));
-        self.counters.wqes += 1;
         Admit::Post { seq, signaled }
     }
 
@@ -444,7 +446,6 @@ impl<T: Parked> SendState<T> {
     /// backlog) they are no longer accepted either.
     pub fn rollback(&mut self, n: u64, from_ulp: bool) {
         self.ledger.ring.unpush(n);
-        self.counters.wqes -= n;
         if from_ulp {
             self.accepted -= n;
         }
@@ -470,7 +471,6 @@ impl<T: Parked> SendState<T> {
         }
         self.policy.note_signaled();
         self.counters.markers += 1;
-        self.counters.wqes += 1;
         Some(self.ledger.ring.push(Slot::new(0, 0, Slot::INTERNAL | Slot::SIGNALED)))
     }
 
