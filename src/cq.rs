@@ -402,34 +402,65 @@ impl CqShared {
         }
     }
 
+    #[inline]
+    fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
+        self.poll_then(out, Ok, Err)
+    }
+
+    /// `poll`, handing its count to `done` or its error to `failed` and returning what they make of it, so that
+    /// a caller that wants one value (the C API's count or negative errno) gets it from the common, empty poll
+    /// without a `Result` in between.
     #[inline(always)]
-    fn poll(self: &Rc<Self>, out: &mut [ibv_wc]) -> Result<usize> {
+    pub(crate) fn poll_then<R>(
+        &self,
+        out: &mut [ibv_wc],
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
         if self.polling.replace(true) {
-            return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
+            return reentered(failed);
         }
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         bump(&self.counts.polls, 1);
-        // The common poll finds the CQ empty: one provider call, no reaping.
-        let kept = if out.is_empty() {
-            0
-        } else {
-            match self.handle.poll(out)? {
-                0 => {
-                    bump(&self.counts.empty_polls, 1);
-                    0
-                }
-                n => self.reap_batches(out, n)?,
+        // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
+        if out.is_empty() {
+            self.cover_idle_tails(false);
+            return done(0);
+        }
+        match self.handle.poll(out) {
+            Ok(0) => {
+                bump(&self.counts.empty_polls, 1);
+                self.cover_idle_tails(false);
+                done(0)
             }
-        };
-        self.cover_idle_tails(false);
-        bump(&self.counts.visible, kept as u64);
-        Ok(kept)
+            Ok(found) => self.poll_found(out, found, done, failed),
+            Err(e) => failed(e),
+        }
+    }
+
+    /// The rest of `poll_then` once the provider's first call put `found` (> 0) CQEs in `out`.
+    #[inline(never)]
+    fn poll_found<R>(
+        &self,
+        out: &mut [ibv_wc],
+        found: usize,
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
+        match self.reap_batches(out, found) {
+            Ok(kept) => {
+                self.cover_idle_tails(false);
+                bump(&self.counts.visible, kept as u64);
+                done(kept)
+            }
+            Err(e) => failed(e),
+        }
     }
 
     /// The reaping loop of `poll`, after the provider's first call put `first` CQEs in `out`: processes them,
     /// then polls again while the CQ fills the caller's room. Returns how many entries of `out` are kept.
-    #[inline(never)]
+    #[inline]
     fn reap_batches(&self, out: &mut [ibv_wc], first: usize) -> Result<usize> {
         let mut kept = 0;
         let mut n = first;
@@ -603,6 +634,13 @@ impl CqShared {
         st.stats.tail_markers += markers;
         self.next_cycle();
     }
+}
+
+/// A poll called from one of the same CQ's callbacks: `failed` of its error.
+#[cold]
+#[inline(never)]
+fn reentered<R>(failed: impl FnOnce(Error) -> R) -> R {
+    failed(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"))
 }
 
 struct ResetOnDrop<'a>(&'a Cell<bool>);
