@@ -10,7 +10,7 @@ use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
-use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome};
+use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome, SendLedger};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
@@ -216,6 +216,11 @@ pub(crate) struct QueueShared {
     /// Bytes its creation added to that pool (counted in its footprint).
     pool_bytes: u64,
     state: RefCell<QueueState>,
+    /// The send ring and the released count, also in `state.send`: the release loop's common case reads and
+    /// advances them without borrowing `state` (`SendLedger`'s contract).
+    ledger: Rc<SendLedger>,
+    /// `state.barriers.first_target()`, readable without borrowing `state`.
+    barrier_at: Rc<Cell<u64>>,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
     /// takes no borrow.
@@ -459,7 +464,10 @@ impl Queue {
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
         let verify = storage.verify;
+        let barriers = Barriers::default();
         let shared = Rc::new(QueueShared {
+            ledger: storage.send.ledger().clone(),
+            barrier_at: barriers.watch(),
             verifying: verify.is_some(),
             qp,
             limits,
@@ -475,7 +483,7 @@ impl Queue {
             state: RefCell::new(QueueState {
                 send: storage.send,
                 recv: storage.recv,
-                barriers: Barriers::default(),
+                barriers,
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 tracked: Vec::new(),
@@ -788,17 +796,19 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     if run.added.more {
         return restore_flags_too(send, run, cut);
     }
-    let end = run.seq + run.len as u64;
+    let (a, b) = send.slots_of(run.seq, run.len as u64);
     let mut w = run.first;
-    let mut k = run.seq;
-    loop {
-        w.set_wr_id(send.slot(k).wr_id);
-        k += 1;
-        if k == end {
-            w.set_next(cut);
-            break;
+    let mut left = run.len;
+    'walk: for part in [a, b] {
+        for slot in part {
+            w.set_wr_id(slot.get().wr_id);
+            left -= 1;
+            if left == 0 {
+                w.set_next(cut);
+                break 'walk;
+            }
+            w = w.next().expect("run is linked");
         }
-        w = w.next().expect("run is linked");
     }
     if let Some(a) = run.added.first {
         a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
@@ -811,21 +821,23 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
 /// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
 #[inline(never)]
 fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
-    let end = run.seq + run.len as u64;
+    let (a, b) = send.slots_of(run.seq, run.len as u64);
     let mut w = run.first;
-    let mut k = run.seq;
-    loop {
-        let slot = send.slot(k);
-        w.set_wr_id(slot.wr_id);
-        if slot.flags & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
-            w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+    let mut left = run.len;
+    for part in [a, b] {
+        for slot in part {
+            let slot = slot.get();
+            w.set_wr_id(slot.wr_id);
+            if slot.flags() & (Slot::SIGNALED | Slot::ULP_SIGNALED) == Slot::SIGNALED {
+                w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
+            }
+            left -= 1;
+            if left == 0 {
+                w.set_next(cut);
+                return;
+            }
+            w = w.next().expect("run is linked");
         }
-        k += 1;
-        if k == end {
-            w.set_next(cut);
-            return;
-        }
-        w = w.next().expect("run is linked");
     }
 }
 
@@ -873,7 +885,15 @@ impl QueueShared {
         // parks (after which `credits` is 0 and every WR goes through `admit`).
         let credits = st.send.postable();
         let note = self.verifying || !st.tracked.is_empty();
-        let result = if credits > 0 && !note {
+        let plain_one = if credits > 0 && !note && first.next().is_none() {
+            let shape = first.shape();
+            plain_wc_opcode(&shape, &self.limits).map(|op| (shape.send_flags, op))
+        } else {
+            None
+        };
+        let result = if let Some((send_flags, op)) = plain_one {
+            self.post_one(st, first, send_flags, op, credits)
+        } else if credits > 0 && !note {
             // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
             // with one doorbell; whatever is left goes through the general loop, in the same run.
             let mut added = Added::default();
@@ -897,6 +917,33 @@ impl QueueShared {
             self.tail_left();
         }
         result
+    }
+
+    /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a
+    /// chain of one, without its set-up. The WR keeps its own wr_id and flags in locals to restore them.
+    #[inline(always)]
+    fn post_one<'a>(&self, st: &mut QueueState, w: WrPtr<'a>, send_flags: u32, op: u8, credits: u32) -> std::result::Result<(), PostError<'a>> {
+        let wr_id = w.wr_id();
+        let ulp_signaled = send_flags & SEND_SIGNALED != 0;
+        let (seq, signaled) = st.send.admit_posted(wr_id, op, ulp_signaled, credits);
+        w.set_wr_id(Token::from_base(self.send_token, seq).0);
+        let added = signaled & !ulp_signaled;
+        if added {
+            w.set_send_flags(send_flags | SEND_SIGNALED);
+        }
+        let r = self.qp.post_chain(w);
+        st.doorbells += 1;
+        w.set_wr_id(wr_id);
+        if added {
+            w.set_send_flags(send_flags);
+        }
+        match r {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                let run = Run { first: w, last: w, seq, len: 1, added: Added::default() };
+                Err(self.run_refused(st, run, f))
+            }
+        }
     }
 
     /// A post or a pump left an unsignaled tail: the end of the send CQ's next poll leaves it be (more posts may
@@ -1057,7 +1104,7 @@ impl QueueShared {
             let shape = w.shape();
             let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-            let (token, signaled) = a.push(w.wr_id(), op, ulp_signaled);
+            let Some((token, signaled)) = a.push(w.wr_id(), op, ulp_signaled) else { break Some(w) };
             w.set_wr_id(token);
             if signaled & !ulp_signaled {
                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
@@ -1065,8 +1112,8 @@ impl QueueShared {
             }
             last = w;
             match w.next() {
-                Some(x) if !a.is_full() => w = x,
-                other => break other,
+                Some(x) => w = x,
+                None => break None,
             }
         };
         let done = a.end();
@@ -1247,22 +1294,12 @@ impl QueueShared {
         // The completion of the common release: only the fields a posted WR's slot fills change.
         let mut plain = Completion::default();
         loop {
+            if !VERIFY {
+                self.release_plain(&mut plain, &release);
+            }
             let item = {
                 let mut guard = self.state.borrow_mut();
                 let st = &mut *guard;
-                if !VERIFY {
-                    // The common release: a posted WR of the ULP's, no barrier due, nothing to verify.
-                    if let Some(slot) = st.send.pop_plain(st.barriers.first_target()) {
-                        drop(guard);
-                        plain.wr_id = slot.wr_id;
-                        plain.status = slot.status as u32;
-                        plain.opcode = slot.opcode as u32;
-                        plain.vendor_err = slot.vendor_err;
-                        plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
-                        release(&plain);
-                        continue;
-                    }
-                }
                 if st.barriers.is_due(st.send.released()) {
                     Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
                 } else if let Some(slot) = st.send.pop_posted() {
@@ -1350,6 +1387,38 @@ impl QueueShared {
                     }
                 }
             }
+        }
+    }
+
+    /// The common releases, as many as are due in a row: posted WRs of the ULP's (not markers, not library
+    /// operations), complete, with no barrier due before them, on a queue that does not verify buffers. The ring
+    /// and the counts are read and advanced without borrowing the state, under `SendLedger`'s contract: only
+    /// this loop moves `tail` and `released`, and nothing a callback does changes the slots between them and
+    /// the `done` read at the start. `sqd_queue_stats` read from a callback counts its WR as released. A
+    /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
+    /// run before the next release, as `barrier_at` is read after every callback.
+    #[inline(always)]
+    fn release_plain(&self, plain: &mut Completion, release: &impl Fn(&Completion)) {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        let done = ring.done();
+        let mut tail = ring.tail();
+        let mut released = ledger.released();
+        while tail != done && released < self.barrier_at.get() {
+            let slot = ring.get(tail);
+            if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                break;
+            }
+            tail += 1;
+            released += 1;
+            ledger.set_released(tail, released);
+            plain.wr_id = slot.wr_id;
+            plain.status = slot.status() as u32;
+            plain.opcode = slot.opcode() as u32;
+            plain.vendor_err = slot.vendor_err();
+            plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            release(plain);
+            debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
         }
     }
 
@@ -1640,7 +1709,7 @@ impl QueueShared {
         QueueStats {
             accepted: st.send.accepted(),
             released: st.send.released(),
-            wqes: c.wqes,
+            wqes: st.send.wqes(),
             doorbells: st.doorbells,
             signaled_by_ulp: c.signaled_by_ulp,
             signaled_by_policy: c.signaled_by_policy,
@@ -1697,9 +1766,9 @@ fn refusal_message(what: &str, errno: i32) -> String {
 fn completion_of(slot: &Slot) -> Completion {
     Completion {
         wr_id: slot.wr_id,
-        status: slot.status as u32,
-        opcode: slot.opcode as u32,
-        vendor_err: slot.vendor_err,
+        status: slot.status() as u32,
+        opcode: slot.opcode() as u32,
+        vendor_err: slot.vendor_err(),
         flags: if slot.has(Slot::OWN_CQE) { 0 } else { crate::completion::SQD_COMPLETION_IMPLIED },
         invalidated_rkey: 0,
         modified_sge: 0,

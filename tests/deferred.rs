@@ -305,3 +305,60 @@ fn verification_catches_a_write_into_an_in_flight_buffer_and_is_silent_otherwise
     assert_eq!(log[3].opcode, WC_SEND);
     assert_eq!(rig.q().stats().verify_mismatches, 1);
 }
+
+/// The release loop hands out the common releases without borrowing the queue's state, re-reading only the
+/// first barrier's target between callbacks. What a callback does there must still be seen at once: an action
+/// it defers on a tracked MR whose last user is already released runs right after that callback, before the
+/// next release; one deferred on the whole queue runs after every WR accepted before it; and the stats it reads
+/// count its own WR as released.
+#[test]
+fn what_a_release_callback_defers_or_reads_is_seen_before_the_next_release() {
+    let dev = sqdisc::scripted::ScriptedDevice::new();
+    let cq_raw = dev.create_cq(64).unwrap();
+    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(16, 4)).unwrap();
+    // SAFETY: the CQ and QP live as long as `dev`, which outlives the handles (dropped first below).
+    let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
+    let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
+    let events: Rc<RefCell<Vec<String>>> = Rc::default();
+    let (slot2, ev2) = (slot.clone(), events.clone());
+    let handler = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
+        let q = slot2.borrow().clone().unwrap();
+        ev2.borrow_mut().push(format!("release {} (released {})", c.wr_id, q.stats().released));
+        if c.wr_id == 2 {
+            let e = ev2.clone();
+            q.defer_mr(100, Deferred::Closure(Box::new(move || e.borrow_mut().push("mr100".into())))).unwrap();
+            let e = ev2.clone();
+            q.defer(Deferred::Closure(Box::new(move || e.borrow_mut().push("queue".into())))).unwrap();
+        }
+    }));
+    // SAFETY: as above.
+    let qh = unsafe { sqdisc::verbs::QpHandle::from_raw(qp) }.unwrap();
+    let q = Rc::new(sqdisc::Queue::new(&cq, None, qh, config(16, 8, 0), Some(handler)).unwrap());
+    *slot.borrow_mut() = Some(q.clone());
+    q.track_mr(100).unwrap();
+    // WR 0 uses MR 100; WRs 1..6 use another MR. WR 5 is signaled: one CQE retires all six.
+    let mut chain = with_lkey(Chain::sends(0..6, 0), 0, 100);
+    chain.wrs[5].send_flags = SIGNALED;
+    let head = chain.link();
+    // SAFETY: the chain lives in `chain` for the whole call.
+    q.post_send(unsafe { sqdisc::verbs::SendChain::from_raw(head) }).unwrap();
+    dev.complete(qp, usize::MAX).unwrap();
+    // SAFETY: all-zero is a valid `ibv_wc`.
+    let mut wc: [rdma_sys::ibv_wc; 8] = unsafe { std::mem::zeroed() };
+    cq.poll(&mut wc).unwrap();
+    let want: Vec<String> = [
+        "release 0 (released 1)",
+        "release 1 (released 2)",
+        "release 2 (released 3)",
+        "mr100",
+        "release 3 (released 4)",
+        "release 4 (released 5)",
+        "release 5 (released 6)",
+        "queue",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(*events.borrow(), want);
+    slot.borrow_mut().take();
+}

@@ -354,7 +354,33 @@ fn every_chain_is_restored_whatever_the_policy_signaled(make: Make) {
     assert!(st.signaled_by_policy >= 9, "{st:?}");
 }
 
+/// Chains of one WR take their own path through the post call: the same signals as the policy decides for
+/// longer chains (every third WR, a ULP-signaled WR restarting the count), the library's token at the provider,
+/// and the WR back as the ULP built it.
+fn single_wr_posts_are_signaled_and_restored_as_chains_are(make: Make) {
+    let rig = Rig::on(make, config(64, 3, 0), 256);
+    let mut run = 0;
+    for k in 0..20u64 {
+        let flags = if k % 7 == 6 { SIGNALED } else { 0 };
+        let mut chain = Chain::new().push(1000 + k, WR_SEND, flags, &[64]);
+        rig.post(&mut chain).unwrap();
+        assert_eq!((chain.wrs[0].wr_id, chain.wrs[0].send_flags), (1000 + k, flags), "WR {k} restored");
+        assert!(chain.wrs[0].next.is_null());
+        run += 1;
+        let signaled = flags != 0 || run == 3;
+        if signaled {
+            run = 0;
+        }
+        let wqe = rig.dev.wqe(rig.qp, k as usize).unwrap();
+        assert_ne!(wqe.wr_id, 1000 + k, "the provider saw the library's token");
+        assert_eq!(wqe.send_flags & SIGNALED != 0, signaled, "WR {k}");
+    }
+    let st = rig.q().stats();
+    assert_eq!((st.accepted, st.wqes, st.signaled_by_ulp), (20, 20, 2));
+}
+
 on_both_devices!(
+    single_wr_posts_are_signaled_and_restored_as_chains_are,
     every_chain_is_restored_whatever_the_policy_signaled,
     credits_are_never_exceeded_and_the_backlog_keeps_order,
     without_backlog_eagain_names_exactly_the_first_wr_not_taken,

@@ -50,7 +50,7 @@ impl RecvState {
             return None;
         }
         self.posted += 1;
-        Some(self.ring.push(Slot { wr_id, opcode: WC_RECV, flags: Slot::SIGNALED, ..Slot::default() }))
+        Some(self.ring.push(Slot::new(wr_id, WC_RECV, Slot::SIGNALED)))
     }
 
     /// The ULP's wr_id of the receive admitted as `seq` (still outstanding).
@@ -107,12 +107,13 @@ impl RecvState {
         let wr_id = self.ring.get(seq).wr_id;
         self.ring.complete_through(seq, status, vendor_err);
         if status == 0 {
-            let slot = self.ring.get_mut(seq);
-            slot.opcode = wc_opcode;
-            if let Some(rkey) = remote_inv {
-                slot.vendor_err = rkey;
-                slot.flags |= Slot::REMOTE_INV;
-            }
+            self.ring.update(seq, |slot| {
+                slot.set_opcode(wc_opcode);
+                if let Some(rkey) = remote_inv {
+                    slot.set_vendor_err(rkey);
+                    slot.add_flags(Slot::REMOTE_INV);
+                }
+            });
         }
         Some(wr_id)
     }
@@ -120,12 +121,12 @@ impl RecvState {
     #[inline]
     pub fn next_release(&mut self) -> Option<Release> {
         let (_, s) = self.ring.pop_done()?;
-        let remote_inv = s.has(Slot::REMOTE_INV).then_some(s.vendor_err);
+        let remote_inv = s.has(Slot::REMOTE_INV).then_some(s.vendor_err());
         Some(Release {
             wr_id: s.wr_id,
-            status: s.status,
-            opcode: s.opcode,
-            vendor_err: if remote_inv.is_some() { 0 } else { s.vendor_err },
+            status: s.status(),
+            opcode: s.opcode(),
+            vendor_err: if remote_inv.is_some() { 0 } else { s.vendor_err() },
             implied: false,
             never_posted: false,
             op: false,

@@ -4,24 +4,20 @@
 //! complete by a polled CQE and wait only for their release to be handed out. Storage is a power of two at least
 //! the queue depth, allocated once at creation.
 
+use std::cell::Cell;
+
 use crate::alloc;
 use crate::error::Result;
 
-/// What the library remembers about one posted WR: 16 bytes.
+/// What the library remembers about one posted WR: 16 bytes, two words, so that filling one is two stores and
+/// reading one two loads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Slot {
     /// The ULP's own wr_id (0 for the library's own markers).
     pub wr_id: u64,
-    /// Vendor error of the completion that finished this WR (valid once complete).
-    pub vendor_err: u32,
-    /// `ibv_wc_opcode` of the WR as posted.
-    pub opcode: u8,
-    /// `Slot::*` flag bits.
-    pub flags: u8,
-    /// `ibv_wc_status` of the completion that finished this WR (valid once complete).
-    pub status: u8,
-    /// Unused; keeps the record at 16 bytes.
-    pub _pad: u8,
+    /// Bits 0-7: the `ibv_wc_opcode` of the WR as posted; 8-15: `Slot::*` flag bits; 16-23: the `ibv_wc_status`
+    /// of the completion that finished it (valid once complete); 32-63: that completion's vendor error.
+    meta: u64,
 }
 
 impl Slot {
@@ -40,27 +36,68 @@ impl Slot {
     /// vendor error).
     pub const REMOTE_INV: u8 = 32;
 
+    /// A pending slot: status 0 and vendor error 0 until its completion says otherwise.
+    #[inline]
+    pub fn new(wr_id: u64, opcode: u8, flags: u8) -> Slot {
+        Slot { wr_id, meta: opcode as u64 | (flags as u64) << 8 }
+    }
+    #[inline]
+    pub fn opcode(&self) -> u8 {
+        self.meta as u8
+    }
+    #[inline]
+    pub fn flags(&self) -> u8 {
+        (self.meta >> 8) as u8
+    }
+    #[inline]
+    pub fn status(&self) -> u8 {
+        (self.meta >> 16) as u8
+    }
+    #[inline]
+    pub fn vendor_err(&self) -> u32 {
+        (self.meta >> 32) as u32
+    }
+    #[inline]
+    pub fn set_opcode(&mut self, opcode: u8) {
+        self.meta = (self.meta & !0xff) | opcode as u64;
+    }
+    #[inline]
+    pub fn add_flags(&mut self, flags: u8) {
+        self.meta |= (flags as u64) << 8;
+    }
+    #[inline]
+    pub fn set_status(&mut self, status: u8) {
+        self.meta = (self.meta & !(0xff << 16)) | (status as u64) << 16;
+    }
+    #[inline]
+    pub fn set_vendor_err(&mut self, vendor_err: u32) {
+        self.meta = (self.meta & 0xffff_ffff) | (vendor_err as u64) << 32;
+    }
+
     #[inline]
     pub fn has(&self, flag: u8) -> bool {
-        self.flags & flag != 0
+        self.flags() & flag != 0
     }
 }
 
+/// The ring's fields are cells: the release loop reads and advances it between release callbacks without
+/// holding a borrow of the rest of the queue's state (a callback may post, which pushes at `head`; only the
+/// release loop moves `tail`).
 #[derive(Debug)]
 pub struct SlotRing {
-    slots: Box<[Slot]>,
+    slots: Box<[Cell<Slot>]>,
     mask: u64,
-    head: u64,
-    done: u64,
-    tail: u64,
+    head: Cell<u64>,
+    done: Cell<u64>,
+    tail: Cell<u64>,
 }
 
 impl SlotRing {
     /// A ring for `depth` WRs (`what` names it in the `ENOMEM` error if its storage cannot be allocated).
     pub fn new(depth: u32, what: &str) -> Result<SlotRing> {
         let cap = (depth.max(1) as usize).next_power_of_two();
-        let slots = alloc::boxed_slice(cap, Slot::default(), what)?;
-        Ok(SlotRing { slots, mask: cap as u64 - 1, head: 0, done: 0, tail: 0 })
+        let slots = alloc::boxed_slice(cap, Cell::new(Slot::default()), what)?;
+        Ok(SlotRing { slots, mask: cap as u64 - 1, head: Cell::new(0), done: Cell::new(0), tail: Cell::new(0) })
     }
 
     /// Number of slots of storage (bytes per slot: `size_of::<Slot>()`).
@@ -69,123 +106,153 @@ impl SlotRing {
     }
     #[inline]
     pub fn head(&self) -> u64 {
-        self.head
+        self.head.get()
     }
     #[inline]
     pub fn done(&self) -> u64 {
-        self.done
+        self.done.get()
     }
     #[inline]
     pub fn tail(&self) -> u64 {
-        self.tail
+        self.tail.get()
     }
     /// Posted and not yet released.
     #[inline]
     pub fn outstanding(&self) -> u64 {
-        self.head - self.tail
+        self.head.get() - self.tail.get()
     }
     /// Posted and not yet proven complete by a CQE: what the provider still holds.
     #[inline]
     pub fn in_provider(&self) -> u64 {
-        self.head - self.done
+        self.head.get() - self.done.get()
     }
 
     /// Appends a slot; the caller has checked credits. The slot's `status` and `vendor_err` must be 0: a
     /// pending slot holds a success until its completion says otherwise, so that `complete_through` need not
     /// write the slots a CQE covers.
     #[inline]
-    pub fn push(&mut self, slot: Slot) -> u64 {
+    pub fn push(&self, slot: Slot) -> u64 {
         debug_assert!(self.outstanding() < self.slots.len() as u64);
-        debug_assert!(slot.status == 0 && slot.vendor_err == 0);
-        let seq = self.head;
-        self.slots[(seq & self.mask) as usize] = slot;
-        self.head += 1;
+        debug_assert!(slot.status() == 0 && slot.vendor_err() == 0);
+        let seq = self.head.get();
+        self.slots[(seq & self.mask) as usize].set(slot);
+        self.head.set(seq + 1);
         seq
     }
 
-    /// The storage, its index mask and the next sequence number, for a writer that fills slots `head..` with
-    /// locals and then stores the new head once (`set_head`): `send::Admission`. The same rule as `push`
-    /// holds for every slot it writes (status and vendor error 0).
+    /// The free slots from `head` up to the end of the storage (where the next ones wrap to its start), at most
+    /// `max`, and `head`: for a writer that fills them in order with the same rule as `push` (status and vendor
+    /// error 0) and then stores the new head once (`set_head`): `send::Admission`. A slice, so that the writer
+    /// indexes nothing.
     #[inline]
-    pub fn storage(&mut self) -> (&mut [Slot], u64, u64) {
-        (&mut self.slots, self.mask, self.head)
+    pub fn free_run(&self, max: u64) -> (&[Cell<Slot>], u64) {
+        let head = self.head.get();
+        let at = (head & self.mask) as usize;
+        let room = (self.slots.len() - at).min(max as usize);
+        (&self.slots[at..at + room], head)
     }
 
-    /// Ends a bulk write begun with `storage`: every slot before `head` is posted.
+    /// The slots of the `len` (at most the capacity) consecutive sequence numbers from `seq`, in order: the part
+    /// up to the storage's end and the part that wrapped to its start. Slices, so that a reader walking them
+    /// along the ULP's chain keeps them in registers (its stores into the chain may alias the ring's fields).
     #[inline]
-    pub fn set_head(&mut self, head: u64) {
-        debug_assert!(head >= self.head && head - self.tail <= self.slots.len() as u64);
-        self.head = head;
+    pub fn slots_of(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
+        debug_assert!(len <= self.slots.len() as u64);
+        let at = (seq & self.mask) as usize;
+        let len = len as usize;
+        let first = (self.slots.len() - at).min(len);
+        (&self.slots[at..at + first], &self.slots[..len - first])
+    }
+
+    /// Ends a bulk write begun with `free_run`: every slot before `head` is posted.
+    #[inline]
+    pub fn set_head(&self, head: u64) {
+        debug_assert!(head >= self.head.get() && head - self.tail.get() <= self.slots.len() as u64);
+        self.head.set(head);
+    }
+
+    /// The release loop handed out every slot before `tail` (see `send::SendLedger`).
+    #[inline]
+    pub fn set_tail(&self, tail: u64) {
+        debug_assert!(tail >= self.tail.get() && tail <= self.done.get());
+        self.tail.set(tail);
     }
 
     /// Removes the newest `n` slots (the provider refused them).
-    pub fn unpush(&mut self, n: u64) {
-        debug_assert!(n <= self.head - self.done);
-        self.head -= n;
+    pub fn unpush(&self, n: u64) {
+        debug_assert!(n <= self.head.get() - self.done.get());
+        self.head.set(self.head.get() - n);
     }
 
     #[inline]
-    pub fn get(&self, seq: u64) -> &Slot {
-        &self.slots[(seq & self.mask) as usize]
+    pub fn get(&self, seq: u64) -> Slot {
+        self.slots[(seq & self.mask) as usize].get()
     }
+    /// Changes the slot of `seq` in place.
     #[inline]
-    pub fn get_mut(&mut self, seq: u64) -> &mut Slot {
-        &mut self.slots[(seq & self.mask) as usize]
+    pub fn update(&self, seq: u64, f: impl FnOnce(&mut Slot)) {
+        let cell = &self.slots[(seq & self.mask) as usize];
+        let mut s = cell.get();
+        f(&mut s);
+        cell.set(s);
     }
 
     /// Whether `seq` is posted and not yet proven complete.
     #[inline]
     pub fn is_pending(&self, seq: u64) -> bool {
-        seq >= self.done && seq < self.head
+        seq >= self.done.get() && seq < self.head.get()
     }
 
     /// Marks every slot up to and including `seq` complete: `seq` with the CQE's status, earlier ones
     /// (covered by it) successful. Those already say so: `push` stored them with status 0 and vendor error 0,
     /// and nothing writes a pending slot's status but this and `complete_all`, which end its pendency.
     #[inline]
-    pub fn complete_through(&mut self, seq: u64, status: u8, vendor_err: u32) {
+    pub fn complete_through(&self, seq: u64, status: u8, vendor_err: u32) {
         debug_assert!(self.is_pending(seq));
-        debug_assert!((self.done..seq).all(|k| self.get(k).status == 0 && self.get(k).vendor_err == 0));
-        let s = self.get_mut(seq);
-        s.status = status;
-        s.vendor_err = vendor_err;
-        s.flags |= Slot::OWN_CQE;
-        self.done = seq + 1;
+        debug_assert!((self.done.get()..seq).all(|k| self.get(k).status() == 0 && self.get(k).vendor_err() == 0));
+        self.update(seq, |s| {
+            s.set_status(status);
+            s.set_vendor_err(vendor_err);
+            s.add_flags(Slot::OWN_CQE);
+        });
+        self.done.set(seq + 1);
     }
 
     /// Marks every pending slot complete with `status`: no CQE will come for them (their QP or CQ is in error).
-    pub fn complete_all(&mut self, status: u8) {
-        while self.done < self.head {
-            let s = self.get_mut(self.done);
-            s.status = status;
-            s.vendor_err = 0;
-            self.done += 1;
+    pub fn complete_all(&self, status: u8) {
+        while self.done.get() < self.head.get() {
+            self.update(self.done.get(), |s| {
+                s.set_status(status);
+                s.set_vendor_err(0);
+            });
+            self.done.set(self.done.get() + 1);
         }
     }
 
     /// Takes the oldest complete, unreleased slot unless it has one of the `skip` flags (then it stays).
     #[inline]
-    pub fn pop_done_without(&mut self, skip: u8) -> Option<Slot> {
-        if self.tail == self.done {
+    pub fn pop_done_without(&self, skip: u8) -> Option<Slot> {
+        let tail = self.tail.get();
+        if tail == self.done.get() {
             return None;
         }
-        let slot = *self.get(self.tail);
-        if slot.flags & skip != 0 {
+        let slot = self.get(tail);
+        if slot.flags() & skip != 0 {
             return None;
         }
-        self.tail += 1;
+        self.tail.set(tail + 1);
         Some(slot)
     }
 
     /// Takes the oldest complete, unreleased slot.
     #[inline]
-    pub fn pop_done(&mut self) -> Option<(u64, Slot)> {
-        if self.tail == self.done {
+    pub fn pop_done(&self) -> Option<(u64, Slot)> {
+        let seq = self.tail.get();
+        if seq == self.done.get() {
             return None;
         }
-        let seq = self.tail;
-        self.tail += 1;
-        Some((seq, *self.get(seq)))
+        self.tail.set(seq + 1);
+        Some((seq, self.get(seq)))
     }
 }
 
@@ -200,41 +267,41 @@ mod tests {
 
     #[test]
     fn covered_slots_complete_successfully_and_pop_in_order() {
-        let mut r = SlotRing::new(5, "test").unwrap();
+        let r = SlotRing::new(5, "test").unwrap();
         assert_eq!(r.capacity(), 8);
         for i in 0..4 {
-            r.push(Slot { wr_id: 100 + i, ..Slot::default() });
+            r.push(Slot::new(100 + i, 0, 0));
         }
         r.complete_through(2, 5, 9);
         assert_eq!(r.outstanding(), 4);
         assert_eq!(r.in_provider(), 1);
         let popped: Vec<_> = std::iter::from_fn(|| r.pop_done()).collect();
         assert_eq!(popped.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![0, 1, 2]);
-        assert_eq!((popped[0].1.status, popped[0].1.has(Slot::OWN_CQE)), (0, false));
-        assert_eq!((popped[2].1.status, popped[2].1.vendor_err, popped[2].1.has(Slot::OWN_CQE)), (5, 9, true));
+        assert_eq!((popped[0].1.status(), popped[0].1.has(Slot::OWN_CQE)), (0, false));
+        assert_eq!((popped[2].1.status(), popped[2].1.vendor_err(), popped[2].1.has(Slot::OWN_CQE)), (5, 9, true));
         assert!(r.is_pending(3) && !r.is_pending(2) && !r.is_pending(4));
     }
 
     #[test]
     fn a_reused_slot_is_covered_as_a_success() {
-        let mut r = SlotRing::new(2, "test").unwrap();
+        let r = SlotRing::new(2, "test").unwrap();
         for _ in 0..2 {
             let seq = r.push(Slot::default());
             r.complete_through(seq, 5, 9);
-            assert_eq!(r.pop_done().unwrap().1.status, 5);
+            assert_eq!(r.pop_done().unwrap().1.status(), 5);
         }
-        let a = r.push(Slot { wr_id: 1, ..Slot::default() });
-        let b = r.push(Slot { wr_id: 2, ..Slot::default() });
+        let a = r.push(Slot::new(1, 0, 0));
+        let b = r.push(Slot::new(2, 0, 0));
         r.complete_through(b, 0, 0);
         let (seq, covered) = r.pop_done().unwrap();
-        assert_eq!((seq, covered.wr_id, covered.status, covered.vendor_err, covered.has(Slot::OWN_CQE)), (a, 1, 0, 0, false));
+        assert_eq!((seq, covered.wr_id, covered.status(), covered.vendor_err(), covered.has(Slot::OWN_CQE)), (a, 1, 0, 0, false));
     }
 
     #[test]
     fn wraps_around_storage() {
-        let mut r = SlotRing::new(2, "test").unwrap();
+        let r = SlotRing::new(2, "test").unwrap();
         for i in 0..100u64 {
-            let seq = r.push(Slot { wr_id: i, ..Slot::default() });
+            let seq = r.push(Slot::new(i, 0, 0));
             r.complete_through(seq, 0, 0);
             assert_eq!(r.pop_done().unwrap().1.wr_id, i);
         }
