@@ -76,7 +76,7 @@ pub type CqLock = parking_lot::ReentrantMutex<()>;
 struct CqState {
     budget: CqBudget,
     /// Weak: each queue owns its CQs (`QueueShared::send_cq`, `recv_cq`) and leaves its entry when dropped.
-    table: Vec<Option<Weak<dyn AttachedQueue<CqShared>>>>,
+    table: Vec<Option<Entry>>,
     free: Vec<u32>,
     by_qp: HashMap<u32, u32>,
     /// Queues that may have an unsignaled tail to cover at the end of a poll.
@@ -92,6 +92,17 @@ struct CqState {
     retired: HashMap<u32, RetiredQueue>,
     /// `capacity` and `tail_markers` (the data path's counters are in `CqShared::counts`).
     stats: CqStats,
+}
+
+/// A queue in the CQ's table, with what the demux of a CQE checks copied from it when it was installed (a
+/// queue's QP number and CQs never change), so that a CQE costs no call into the queue before `on_cqe`.
+struct Entry {
+    queue: Weak<dyn AttachedQueue<CqShared>>,
+    qp_num: u32,
+    /// The queue's sends complete on this CQ.
+    sends_here: bool,
+    /// The queue's receives complete on this CQ.
+    recvs_here: bool,
 }
 
 /// `CqStats` counters bumped on every poll or CQE.
@@ -241,7 +252,7 @@ impl Cq {
         // CQ will deliver no CQE to it either).
         let entries = self.shared.state.borrow().table.len();
         for i in 0..entries {
-            let q = self.shared.state.borrow().table.get(i).and_then(|e| e.as_ref()?.upgrade());
+            let q = self.shared.state.borrow().table.get(i).and_then(|e| e.as_ref()?.queue.upgrade());
             if let Some(q) = q {
                 q.abandon();
             }
@@ -355,7 +366,13 @@ impl CqShared {
 
     /// Puts the queue object in its table slot (after the queue is built), weakly: the queue owns this CQ.
     pub(crate) fn install(&self, index: u32, q: &Rc<impl AttachedQueue<CqShared> + 'static>) {
-        self.state.borrow_mut().table[index as usize] = Some(Rc::downgrade(q) as Weak<dyn AttachedQueue<CqShared>>);
+        let entry = Entry {
+            queue: Rc::downgrade(q) as Weak<dyn AttachedQueue<CqShared>>,
+            qp_num: q.qp_num(),
+            sends_here: std::ptr::eq(Rc::as_ptr(q.send_cq()), self),
+            recvs_here: q.recv_cq().is_some_and(|c| std::ptr::eq(Rc::as_ptr(c), self)),
+        };
+        self.state.borrow_mut().table[index as usize] = Some(entry);
     }
 
     /// Detaches the queue at `index`. `late`: what of its WRs may still complete on this CQ (its token index
@@ -394,42 +411,79 @@ impl CqShared {
         self.posted.set(self.posted.get() + 1);
     }
 
-    fn lookup(&self, index: u32, qp_num: u32) -> Option<Rc<dyn AttachedQueue<CqShared>>> {
+    /// The queue of QP `qp_num` at `token`'s index, and whether `token`'s direction completes on this CQ.
+    fn lookup(&self, token: Token, qp_num: u32) -> Option<(Rc<dyn AttachedQueue<CqShared>>, bool)> {
         let st = self.state.borrow();
-        match st.table.get(index as usize) {
-            Some(Some(q)) => q.upgrade().filter(|q| q.qp_num() == qp_num),
-            _ => None,
+        let e = st.table.get(token.index() as usize)?.as_ref()?;
+        if e.qp_num != qp_num {
+            return None;
         }
+        let here = match token.direction() {
+            Direction::Send => e.sends_here,
+            Direction::Recv => e.recvs_here,
+        };
+        Some((e.queue.upgrade()?, here))
     }
 
+    #[inline]
+    fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
+        self.poll_then(out, Ok, Err)
+    }
+
+    /// `poll`, handing its count to `done` or its error to `failed` and returning what they make of it, so that
+    /// a caller that wants one value (the C API's count or negative errno) gets it from the common, empty poll
+    /// without a `Result` in between.
     #[inline(always)]
-    fn poll(self: &Rc<Self>, out: &mut [ibv_wc]) -> Result<usize> {
+    pub(crate) fn poll_then<R>(
+        &self,
+        out: &mut [ibv_wc],
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
         if self.polling.replace(true) {
-            return Err(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"));
+            return reentered(failed);
         }
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         bump(&self.counts.polls, 1);
-        // The common poll finds the CQ empty: one provider call, no reaping.
-        let kept = if out.is_empty() {
-            0
-        } else {
-            match self.handle.poll(out)? {
-                0 => {
-                    bump(&self.counts.empty_polls, 1);
-                    0
-                }
-                n => self.reap_batches(out, n)?,
+        // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
+        if out.is_empty() {
+            self.cover_idle_tails(false);
+            return done(0);
+        }
+        match self.handle.poll(out) {
+            Ok(0) => {
+                bump(&self.counts.empty_polls, 1);
+                self.cover_idle_tails(false);
+                done(0)
             }
-        };
-        self.cover_idle_tails(false);
-        bump(&self.counts.visible, kept as u64);
-        Ok(kept)
+            Ok(found) => self.poll_found(out, found, done, failed),
+            Err(e) => failed(e),
+        }
+    }
+
+    /// The rest of `poll_then` once the provider's first call put `found` (> 0) CQEs in `out`.
+    #[inline(never)]
+    fn poll_found<R>(
+        &self,
+        out: &mut [ibv_wc],
+        found: usize,
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
+        match self.reap_batches(out, found) {
+            Ok(kept) => {
+                self.cover_idle_tails(false);
+                bump(&self.counts.visible, kept as u64);
+                done(kept)
+            }
+            Err(e) => failed(e),
+        }
     }
 
     /// The reaping loop of `poll`, after the provider's first call put `first` CQEs in `out`: processes them,
     /// then polls again while the CQ fills the caller's room. Returns how many entries of `out` are kept.
-    #[inline(never)]
+    #[inline(always)]
     fn reap_batches(&self, out: &mut [ibv_wc], first: usize) -> Result<usize> {
         let mut kept = 0;
         let mut n = first;
@@ -486,18 +540,11 @@ impl CqShared {
                 return fate;
             }
         }
-        let fate = match self.lookup(token.index(), wc.qp_num) {
-            Some(q) => {
-                let on_right_cq = match token.direction() {
-                    Direction::Send => std::ptr::eq(Rc::as_ptr(q.send_cq()), self),
-                    Direction::Recv => q.recv_cq().is_some_and(|c| std::ptr::eq(Rc::as_ptr(c), self)),
-                };
-                if on_right_cq {
-                    q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc))
-                } else {
-                    CqeFate::Stray
-                }
+        let fate = match self.lookup(token, wc.qp_num) {
+            Some((q, true)) => {
+                q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc))
             }
+            Some((_, false)) => CqeFate::Stray,
             None => self.reap_unattached(token, wc.qp_num),
         };
         let n = &self.counts;
@@ -581,7 +628,7 @@ impl CqShared {
         let mut kept = 0;
         for i in 0..st.watch.len() {
             let index = st.watch[i];
-            let keep = match st.table.get(index as usize).and_then(|e| e.as_ref()?.upgrade()) {
+            let keep = match st.table.get(index as usize).and_then(|e| e.as_ref()?.queue.upgrade()) {
                 Some(q) => match q.check_idle_tail(now, cycle) {
                     IdleCheck::KeepWatching => true,
                     IdleCheck::Covered(m) => {
@@ -603,6 +650,13 @@ impl CqShared {
         st.stats.tail_markers += markers;
         self.next_cycle();
     }
+}
+
+/// A poll called from one of the same CQ's callbacks: `failed` of its error.
+#[cold]
+#[inline(never)]
+fn reentered<R>(failed: impl FnOnce(Error) -> R) -> R {
+    failed(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"))
 }
 
 struct ResetOnDrop<'a>(&'a Cell<bool>);
@@ -657,6 +711,54 @@ mod tests {
                 return shown;
             }
         }
+    }
+
+    /// Posts one SEND straight to the provider, behind the library's back, with `wr_id` and signaled.
+    fn post_raw(qp: *mut rdma_sys::ibv_qp, wr_id: u64) {
+        // SAFETY: all-zero is a valid `ibv_send_wr`.
+        let mut wr: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = rdma_sys::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = rdma_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live scripted QP; the WR lives for the call.
+        assert_eq!(unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad) }, 0);
+    }
+
+    /// A CQE that carries a queue's token in a direction that does not complete on the CQ it arrived on is a
+    /// stray: it releases nothing, even when the token would match an outstanding WR of that direction.
+    #[test]
+    fn a_token_of_a_direction_completing_elsewhere_is_a_stray() {
+        let dev = ScriptedDevice::new();
+        let (send_raw, recv_raw) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        // SAFETY: the CQs live as long as the device.
+        let send_cq = Cq::new(unsafe { CqHandle::from_raw(send_raw) }.unwrap());
+        // SAFETY: as above.
+        let recv_cq = Cq::new(unsafe { CqHandle::from_raw(recv_raw) }.unwrap());
+        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 4, rq_depth: 4, ..QueueConfig::default() };
+        let qp = dev.create_qp(send_raw, recv_raw, &ScriptedQpCaps::with_depths(8, 4)).unwrap();
+        // SAFETY: the QP lives as long as the device.
+        let q = Queue::new(&send_cq, Some(&recv_cq), unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        // SAFETY: all-zero is a valid `ibv_recv_wr`; no SGE.
+        let mut rwr: rdma_sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        rwr.wr_id = 77;
+        // SAFETY: the WR lives for the call.
+        q.post_recv(unsafe { crate::verbs::RecvChain::from_raw(&mut rwr) }).unwrap();
+        assert_eq!(q.stats().recv_outstanding, 1);
+        // The receive's token (sequence 0) but with the queue's index on the send CQ, where it completes.
+        let index = *send_cq.shared.state.borrow().by_qp.get(&q.qp_num()).unwrap();
+        post_raw(qp, Token::new(index, Direction::Recv, 0).0);
+        dev.complete(qp, 1).unwrap();
+        assert_eq!(poll_all(&send_cq), 0);
+        let st = send_cq.stats();
+        assert_eq!((st.cqes, st.stray, st.visible), (1, 1, 0), "{st:?}");
+        assert_eq!(q.stats().recv_outstanding, 1, "the receive is not released by a CQE of the send CQ");
+        // The send-direction token of the same sequence on the send CQ is the queue's (a WR never posted: stray).
+        post_raw(qp, Token::new(index, Direction::Send, 0).0);
+        dev.complete(qp, 1).unwrap();
+        assert_eq!(poll_all(&send_cq), 0);
+        assert_eq!(q.stats().stray_cqes, 1, "dispatched to the queue, which found no such WR");
+        assert_eq!(send_cq.stats().stray, 2);
     }
 
     #[test]

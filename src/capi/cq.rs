@@ -110,24 +110,48 @@ pub extern "C" fn sqd_cq_free(cq: *mut sqd_cq) -> i32 {
 #[no_mangle]
 pub extern "C" fn sqd_cq_poll(cq: *mut sqd_cq, max: i32, wc: *mut ibv_wc) -> i32 {
     ffi_boundary!({
-        let cq = try_ref!(cq.object(), "cq");
-        let _held = cq.lock().map(|l| l.lock());
-        if max < 0 {
-            return fail(&Error::invalid(format!("max is {max}; it must be >= 0")));
+        // The common call (a CQ, room for completions, an array, no lock) goes straight to the poll; every other
+        // one through `poll_general`, which takes the lock before it checks the other arguments.
+        // SAFETY: a non-NULL `cq` came from `sqd_cq_new` and is not being freed (the caller's promise).
+        if cq.is_null() || max <= 0 || wc.is_null() || unsafe { &*cq.object() }.lock().is_some() {
+            return poll_general(cq, max, wc);
         }
-        if max == 0 {
-            return 0;
-        }
-        if wc.is_null() {
-            return fail(&Error::invalid("wc is NULL"));
-        }
+        // SAFETY: as above; `cq` is not NULL.
+        let cq = unsafe { &*cq.object() };
         // SAFETY: the caller provides an array of `max` writable `struct ibv_wc`.
         let out = unsafe { std::slice::from_raw_parts_mut(wc, max as usize) };
-        match cq.poll(out) {
-            Ok(n) => n as i32,
-            Err(e) => fail(&e),
-        }
+        cq.shared.poll_then(out, |n| n as i32, fail_with)
     })
+}
+
+/// `sqd_cq_poll` for a thread-safe CQ or a call the common one does not cover (`max <= 0`, NULL `wc`).
+#[cold]
+#[inline(never)]
+fn poll_general(cq: *mut sqd_cq, max: i32, wc: *mut ibv_wc) -> i32 {
+    let cq = try_ref!(cq.object(), "cq");
+    let _held = cq.lock().map(|l| l.lock());
+    if max < 0 {
+        return fail(&Error::invalid(format!("max is {max}; it must be >= 0")));
+    }
+    if max == 0 {
+        return 0;
+    }
+    if wc.is_null() {
+        return fail(&Error::invalid("wc is NULL"));
+    }
+    // SAFETY: the caller provides an array of `max` writable `struct ibv_wc`.
+    let out = unsafe { std::slice::from_raw_parts_mut(wc, max as usize) };
+    match cq.poll(out) {
+        Ok(n) => n as i32,
+        Err(e) => fail(&e),
+    }
+}
+
+/// `fail` for an error the caller no longer needs, kept out of the common poll.
+#[cold]
+#[inline(never)]
+fn fail_with(e: Error) -> i32 {
+    fail(&e)
 }
 
 /// Call after `ibv_resize_cq` on a managed CQ: the library re-reads the capacity the provider now reports

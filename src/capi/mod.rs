@@ -59,19 +59,22 @@ macro_rules! ffi_boundary {
     ($body:block) => {{
         match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
             Ok(value) => value,
-            Err(payload) => {
-                let what = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown".to_string());
-                $crate::capi::fail(&$crate::Error::new(
-                    ::libc::EIO,
-                    format!("internal error (panic caught at the C boundary): {what}"),
-                ))
-            }
+            Err(payload) => $crate::capi::panicked(payload),
         }
     }};
+}
+
+/// What `ffi_boundary!` returns for a panic caught at the C boundary: `-EIO`, with the panic's message. Out of
+/// line, so that the entry points' common paths carry none of it.
+#[cold]
+#[inline(never)]
+pub(crate) fn panicked(payload: Box<dyn std::any::Any + Send>) -> i32 {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".to_string());
+    fail(&Error::new(libc::EIO, format!("internal error (panic caught at the C boundary): {what}")))
 }
 
 /// `let x = try_ref!(ptr, "name");` gives `&T`, or returns `-EINVAL` ("name is NULL").
