@@ -915,6 +915,10 @@ impl QueueShared {
                 return result;
             }
             self.tail_left();
+        } else if self.watched.get() {
+            // Still watched for an earlier tail: posted to in this cycle, so the poll's pass leaves it be (and the
+            // next post's tail finds it in the list), rather than dropping it now to add it back at that post.
+            self.note_posted_in_cycle();
         }
         result
     }
@@ -954,6 +958,13 @@ impl QueueShared {
             self.watched.set(true);
             self.send_cq.watch(self.send_index);
         }
+        self.note_posted_in_cycle();
+    }
+
+    /// The watched queue was posted to in the send CQ's current poll cycle: the idle-tail check at the end of the
+    /// cycle's poll leaves it be.
+    #[inline]
+    fn note_posted_in_cycle(&self) {
         let cycle = self.send_cq.cycle();
         if self.posted_cycle.get() != cycle {
             self.posted_cycle.set(cycle);
