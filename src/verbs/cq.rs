@@ -94,8 +94,15 @@ impl CqHandle {
         // SAFETY: the handle's contract keeps the CQ valid; `out` is writable for `n` entries.
         let got = unsafe { (self.poll)(self.cq.as_ptr(), n, out.as_mut_ptr()) };
         if got < 0 {
-            return Err(Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error")));
+            return Err(poll_failed(got));
         }
         Ok((got as usize).min(out.len()))
     }
+}
+
+/// The error of a provider poll that failed (kept out of line: the empty poll's path stays short).
+#[cold]
+#[inline(never)]
+fn poll_failed(got: i32) -> Error {
+    Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error"))
 }
