@@ -464,9 +464,11 @@ impl Queue {
         }
         let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
         let verify = storage.verify;
+        let mut storage_send = storage.send;
+        storage_send.set_noting(verify.is_some());
         let barriers = Barriers::default();
         let shared = Rc::new(QueueShared {
-            ledger: storage.send.ledger().clone(),
+            ledger: storage_send.ledger().clone(),
             barrier_at: barriers.watch(),
             verifying: verify.is_some(),
             qp,
@@ -481,7 +483,7 @@ impl Queue {
             pool_class,
             pool_bytes,
             state: RefCell::new(QueueState {
-                send: storage.send,
+                send: storage_send,
                 recv: storage.recv,
                 barriers,
                 ops: Vec::new(),
@@ -554,6 +556,7 @@ impl Queue {
         let last_use = st.send.accepted();
         crate::alloc::reserve(&mut st.tracked, 1, "the list of tracked MRs")?;
         st.tracked.push(TrackedMr { lkey, last_use });
+        st.send.set_noting(true);
         Ok(())
     }
 
@@ -564,6 +567,8 @@ impl Queue {
             return Err(Error::new(libc::ENOENT, format!("the MR with lkey {lkey:#x} is not tracked")));
         };
         st.tracked.swap_remove(i);
+        let noting = self.shared.verifying || !st.tracked.is_empty();
+        st.send.set_noting(noting);
         Ok(())
     }
 
@@ -878,6 +883,23 @@ impl QueueShared {
         let Some(first) = chain.first() else { return Ok(()) };
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
+        // The common call, one plain WR on an open queue with nothing parked or noted and a free slot, is decided
+        // with one test of the queue's state.
+        let plain_one = if st.send.plain_open() && first.next().is_none() {
+            let credits = st.send.credits();
+            let shape = first.shape();
+            match plain_wc_opcode(&shape, &self.limits) {
+                Some(op) if credits > 0 => Some((shape.send_flags, op, credits)),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if let Some((send_flags, op, credits)) = plain_one {
+            let result = self.post_one(st, first, send_flags, op, credits);
+            self.settle_tail(st);
+            return result;
+        }
         if let Some(c) = st.send.closed() {
             return Err(PostError { error: closed_error(c), bad: first });
         }
@@ -885,15 +907,8 @@ impl QueueShared {
         // parks (after which `credits` is 0 and every WR goes through `admit`).
         let credits = st.send.postable();
         let note = self.verifying || !st.tracked.is_empty();
-        let plain_one = if credits > 0 && !note && first.next().is_none() {
-            let shape = first.shape();
-            plain_wc_opcode(&shape, &self.limits).map(|op| (shape.send_flags, op))
-        } else {
-            None
-        };
-        let result = if let Some((send_flags, op)) = plain_one {
-            self.post_one(st, first, send_flags, op, credits)
-        } else if credits > 0 && !note {
+        debug_assert_eq!(note, st.send.noting());
+        let result = if credits > 0 && !note {
             // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
             // with one doorbell; whatever is left goes through the general loop, in the same run.
             let mut added = Added::default();
@@ -909,10 +924,17 @@ impl QueueShared {
         } else {
             self.post_general(st, first, Run { first, last: first, seq: 0, len: 0, added: Added::default() }, credits, note)
         };
+        self.settle_tail(st);
+        result
+    }
+
+    /// After a post: an unsignaled tail it left is covered at once on an armed CQ (the poller may sleep on the
+    /// channel until a CQE comes, so no poll would cover it), or watched by the send CQ's polls.
+    #[inline(always)]
+    fn settle_tail(&self, st: &mut QueueState) {
         if st.send.has_unsignaled_tail() {
-            // Armed: the poller may sleep on the channel until a CQE comes, so no poll would cover this tail.
             if self.send_cq.is_armed() && self.post_marker(st) == Marker::Posted {
-                return result;
+                return;
             }
             self.tail_left();
         } else if self.watched.get() {
@@ -920,7 +942,6 @@ impl QueueShared {
             // next post's tail finds it in the list), rather than dropping it now to add it back at that post.
             self.note_posted_in_cycle();
         }
-        result
     }
 
     /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a
@@ -1369,6 +1390,8 @@ impl QueueShared {
                     }
                     if let Some(i) = untrack.and_then(|k| st.tracked.iter().position(|t| t.lkey == k)) {
                         st.tracked.swap_remove(i);
+                        let noting = self.verifying || !st.tracked.is_empty();
+                        st.send.set_noting(noting);
                     }
                 }
                 Item::Idle => {

@@ -130,6 +130,11 @@ pub struct SendState<T> {
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
     late: LateWindow,
+    /// Why a post call cannot take the common path (`plain_open`): `BLOCKED_*` bits, recomputed by
+    /// `sync_blocked` wherever one of their causes changes, so that the post path tests one byte.
+    blocked: u8,
+    /// The queue notes every WR it accepts (tracked MRs, buffer verification): set by the queue.
+    noting: bool,
     /// The provider refused the oldest parked WR with this errno: it waits, unposted, for the WRs posted before
     /// it to be released, is then released itself (refused), and the WRs behind it are posted after it.
     front_refused: Option<i32>,
@@ -160,6 +165,8 @@ impl<T: Parked> SendState<T> {
             abandoned: false,
             late: LateWindow::default(),
             front_refused: None,
+            blocked: 0,
+            noting: false,
             counters: SendCounters::default(),
         })
     }
@@ -221,6 +228,32 @@ impl<T: Parked> SendState<T> {
     /// Every accepted WR released and nothing of the library's own in flight.
     pub fn is_idle(&self) -> bool {
         self.accepted == self.ledger.released() && self.ledger.ring.outstanding() == 0
+    }
+    /// Open, nothing parked, no WR to note: a post may take the common path (its WRs' checks and credits
+    /// still decide).
+    #[inline]
+    pub fn plain_open(&self) -> bool {
+        debug_assert_eq!(self.blocked, self.blocked_now());
+        self.blocked == 0
+    }
+    /// Whether the queue notes every WR it accepts (`set_noting`).
+    pub fn noting(&self) -> bool {
+        self.noting
+    }
+    /// The queue starts or stops noting every WR it accepts.
+    pub fn set_noting(&mut self, noting: bool) {
+        self.noting = noting;
+        self.sync_blocked();
+    }
+    fn blocked_now(&self) -> u8 {
+        u8::from(self.failed.is_some())
+            | u8::from(self.draining) << 1
+            | u8::from(!self.backlog.is_empty()) << 2
+            | u8::from(self.noting) << 3
+    }
+    #[inline]
+    fn sync_blocked(&mut self) {
+        self.blocked = self.blocked_now();
     }
     pub fn closed(&self) -> Option<Closed> {
         match (self.failed, self.draining) {
@@ -357,6 +390,7 @@ impl<T: Parked> SendState<T> {
     #[inline]
     pub fn commit_park(&mut self, id: EntryId, store: &mut impl ParkStore<Entry = T>) {
         self.backlog.push(id, store);
+        self.sync_blocked();
         self.accepted += 1;
         self.counters.parked += 1;
         self.counters.backlog_peak = self.counters.backlog_peak.max(self.backlog.len() as u64);
@@ -433,6 +467,7 @@ impl<T: Parked> SendState<T> {
     /// `n` parked WRs reached the provider: they leave the backlog, and their entries go back to `store`.
     pub fn pumped(&mut self, n: usize, store: &mut impl ParkStore<Entry = T>) {
         self.backlog.pop_front(n, store);
+        self.sync_blocked();
     }
 
     /// Gives every parked WR's entry back to `store` without releasing it: for a queue that goes away (its
@@ -440,6 +475,7 @@ impl<T: Parked> SendState<T> {
     pub fn discard_backlog(&mut self, store: &mut impl ParkStore<Entry = T>) {
         let n = self.backlog.len();
         self.backlog.pop_front(n, store);
+        self.sync_blocked();
     }
 
     /// The provider refused the newest `n` WQEs: forget them. When they came from the ULP's call (not the
@@ -511,6 +547,7 @@ impl<T: Parked> SendState<T> {
         };
         if replace {
             self.failed = Some(status);
+            self.sync_blocked();
             self.failed_vendor_err = vendor_err;
         }
     }
@@ -520,6 +557,7 @@ impl<T: Parked> SendState<T> {
     /// still arrive are swallowed.
     pub fn abandon(&mut self) {
         self.failed.get_or_insert(WC_WR_FLUSH_ERR);
+        self.sync_blocked();
         if !self.abandoned {
             self.late = LateWindow::new(self.ledger.ring.done(), self.ledger.ring.head());
         }
@@ -544,6 +582,7 @@ impl<T: Parked> SendState<T> {
     /// Stops taking WRs; parked ones will be released as never posted.
     pub fn start_drain(&mut self) {
         self.draining = true;
+        self.sync_blocked();
     }
 
     /// The next release of a posted WR, in post order, if one is due: its slot (the library's markers are
@@ -600,6 +639,7 @@ impl<T: Parked> SendState<T> {
                 refused: true,
             };
             self.backlog.pop_front(1, store);
+            self.sync_blocked();
             self.front_refused = None;
             self.ledger.released.set(self.ledger.released.get() + 1);
             return Some(r);
@@ -618,6 +658,7 @@ impl<T: Parked> SendState<T> {
                 refused: false,
             };
             self.backlog.pop_front(1, store);
+            self.sync_blocked();
             self.ledger.released.set(self.ledger.released.get() + 1);
             return Some(r);
         }
