@@ -221,6 +221,8 @@ pub(crate) struct QueueShared {
     ledger: Rc<SendLedger>,
     /// `state.barriers.first_target()`, readable without borrowing `state`.
     barrier_at: Rc<Cell<u64>>,
+    /// The queue manages receives (`state.recv` is set): fixed at creation.
+    managed_recv: bool,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
     /// takes no borrow.
@@ -469,6 +471,7 @@ impl Queue {
         let barriers = Barriers::default();
         let shared = Rc::new(QueueShared {
             ledger: storage_send.ledger().clone(),
+            managed_recv: storage.recv.is_some(),
             barrier_at: barriers.watch(),
             verifying: verify.is_some(),
             qp,
@@ -885,7 +888,7 @@ impl QueueShared {
         let st = &mut *guard;
         // The common call, one plain WR on an open queue with nothing parked or noted and a free slot, is decided
         // with one test of the queue's state.
-        let plain_one = if st.send.plain_open() && first.next().is_none() {
+        let plain_one = if first.next().is_none() && st.send.plain_open() {
             let credits = st.send.credits();
             let shape = first.shape();
             match plain_wc_opcode(&shape, &self.limits) {
@@ -1316,18 +1319,18 @@ impl QueueShared {
     #[inline(always)]
     fn release_loop<const VERIFY: bool>(&self, release: impl Fn(&Completion)) {
         enum Item {
-            /// A release of the ULP's WR: the completion is in `c`.
-            Release,
-            OpDone(Option<ReleaseHandler>),
+            Release(Completion),
+            OpDone(Option<ReleaseHandler>, Completion),
             Action(Action),
-            Idle,
+            /// Nothing is due; `true`: a parked WR became due (its release comes next), so the loop goes on.
+            Idle(bool),
         }
-        let mut c = Completion::default();
-        // The completion of the common release: only the fields a posted WR's slot fills change.
-        let mut plain = Completion::default();
         loop {
             if !VERIFY {
-                self.release_plain(&mut plain, &release);
+                self.release_plain(&release);
+                if self.release_pass_done() {
+                    break;
+                }
             }
             let item = {
                 let mut guard = self.state.borrow_mut();
@@ -1336,11 +1339,10 @@ impl QueueShared {
                     Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
                 } else if let Some(slot) = st.send.pop_posted() {
                     // The common case: a posted WR of the ULP's, no verification.
-                    c = completion_of(&slot);
+                    let mut c = completion_of(&slot);
                     if slot.has(Slot::OP) {
                         let (done, oc) = st.finish_op(c);
-                        c = oc;
-                        Item::OpDone(done)
+                        Item::OpDone(done, oc)
                     } else {
                         if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
                             let k = st.send.released() - 1;
@@ -1350,15 +1352,14 @@ impl QueueShared {
                                 st.verify_mismatches += 1;
                             }
                         }
-                        Item::Release
+                        Item::Release(c)
                     }
                 } else if let Some(r) = if st.send.backlog_len() == 0 { None } else { self.next_parked_release(st) } {
                     // A parked WR released as never posted.
-                    c = Completion::from((r, false));
+                    let mut c = Completion::from((r, false));
                     if r.op {
                         let (done, oc) = st.finish_op(c);
-                        c = oc;
-                        Item::OpDone(done)
+                        Item::OpDone(done, oc)
                     } else {
                         if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
                             let k = st.send.released() - 1;
@@ -1368,18 +1369,19 @@ impl QueueShared {
                                 st.verify_mismatches += 1;
                             }
                         }
-                        Item::Release
+                        Item::Release(c)
                     }
                 } else if let Some(r) = st.recv.as_mut().and_then(|r| r.next_release()) {
-                    c = Completion::from((r, true));
-                    Item::Release
+                    Item::Release(Completion::from((r, true)))
                 } else {
-                    Item::Idle
+                    // Nothing due: parked WRs that now have credits are posted, under the same borrow (the pump
+                    // only calls the provider, which never calls back).
+                    Item::Idle(self.settle_idle(st))
                 }
             };
             match item {
-                Item::Release => release(&c),
-                Item::OpDone(done) => call(done.as_ref(), &c),
+                Item::Release(c) => release(&c),
+                Item::OpDone(done, c) => call(done.as_ref(), &c),
                 Item::Action(Action::User(d)) => d.run(),
                 Item::Action(Action::PostOp(id)) => self.post_op(id),
                 Item::Action(Action::Teardown { teardown, untrack }) => {
@@ -1394,34 +1396,56 @@ impl QueueShared {
                         st.send.set_noting(noting);
                     }
                 }
-                Item::Idle => {
-                    let mut st = self.state.borrow_mut();
-                    // An empty backlog has nothing to pump (`pump_backlog` would return Ok(0)).
-                    let pumped = if st.send.backlog_len() > 0 {
-                        let r = pump_backlog(&mut st.send, &mut self.send_cq.pool.borrow_mut(), &self.qp, self.send_index);
-                        if !matches!(r, Ok(0)) {
-                            st.doorbells += 1;
-                        }
-                        r
-                    } else {
-                        Ok(0)
-                    };
-                    if pumped.is_err() {
-                        st.describe_refused_front(&mut self.send_cq.pool.borrow_mut());
-                    }
-                    if st.send.has_unsignaled_tail() && !self.watched.get() {
-                        self.tail_left();
-                    }
-                    // Parked WRs released as never posted, and a parked WR the provider refused, become due only
-                    // when the ring is empty; anything else due now was produced by the pump (nothing) or by
-                    // callbacks (picked up above). After a refused WR's release the pump goes on behind it.
-                    let flushing = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
-                    if !flushing && !st.send.refused_release_due() {
+                Item::Idle(go_on) => {
+                    if !go_on {
                         break;
                     }
                 }
             }
         }
+    }
+
+    /// After the common releases, whether the pass is over without a look at the rest of the state: no posted
+    /// slot is left complete (a marker or an operation would be), no barrier is due, the queue has no managed
+    /// receives, and nothing is parked and the queue is open (`SendLedger::plain_open`), so that neither a
+    /// parked WR's release nor a pump can be due. Then `settle_idle` would do nothing either: with nothing
+    /// parked nothing is pumped, and a tail left unsignaled was watched by the post that left it.
+    #[inline(always)]
+    fn release_pass_done(&self) -> bool {
+        let ledger = &*self.ledger;
+        let done = !self.managed_recv
+            && ledger.plain_open()
+            && ledger.ring.tail() == ledger.ring.done()
+            && ledger.released() < self.barrier_at.get();
+        debug_assert!(
+            !done || self.state.try_borrow().map_or(true, |st| !st.send.has_unsignaled_tail() || self.watched.get()),
+            "an unsignaled tail nobody watches at the end of a release pass"
+        );
+        done
+    }
+
+    /// The end of a release pass, when nothing is due: posts parked WRs that now have credits and watches a tail
+    /// left unsignaled. Returns whether the pass goes on: parked WRs released as never posted, and a parked WR
+    /// the provider refused, become due only when the ring is empty; anything else due now was produced by the
+    /// pump (nothing) or by callbacks (picked up before). After a refused WR's release the pump goes on behind
+    /// it.
+    #[inline(always)]
+    fn settle_idle(&self, st: &mut QueueState) -> bool {
+        // An empty backlog has nothing to pump (`pump_backlog` would return Ok(0)).
+        if st.send.backlog_len() > 0 {
+            let pumped = pump_backlog(&mut st.send, &mut self.send_cq.pool.borrow_mut(), &self.qp, self.send_index);
+            if !matches!(pumped, Ok(0)) {
+                st.doorbells += 1;
+            }
+            if pumped.is_err() {
+                st.describe_refused_front(&mut self.send_cq.pool.borrow_mut());
+            }
+        }
+        if st.send.has_unsignaled_tail() && !self.watched.get() {
+            self.tail_left();
+        }
+        let flushing = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
+        flushing || st.send.refused_release_due()
     }
 
     /// The common releases, as many as are due in a row: posted WRs of the ULP's (not markers, not library
@@ -1432,29 +1456,46 @@ impl QueueShared {
     /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
     /// run before the next release, as `barrier_at` is read after every callback.
     #[inline(always)]
-    fn release_plain(&self, plain: &mut Completion, release: &impl Fn(&Completion)) {
+    fn release_plain(&self, release: &impl Fn(&Completion)) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
         let mut tail = ring.tail();
+        let n = ring.done() - tail;
+        if n == 0 {
+            return;
+        }
         let mut released = ledger.released();
-        // The complete slots as slices, walked in order: nothing is indexed per release.
-        let (a, b) = ring.slots_of(tail, ring.done() - tail);
+        // Only the fields a posted WR's slot fills change from one release to the next.
+        let mut plain = Completion::default();
+        // One CQE per WR (every WR signaled): no slices to set up for one slot. Otherwise the complete slots as
+        // slices, walked in order: nothing is indexed per release.
+        let (one, (a, b)) = if n == 1 { (Some(ring.get(tail)), (&[][..], &[][..])) } else { (None, ring.slots_of(tail, n)) };
+        // Releases `slot` if it is a common one and no barrier is due; whether it did.
+        let mut release_slot = |slot: Slot| {
+            if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= self.barrier_at.get()) {
+                return false;
+            }
+            tail += 1;
+            released += 1;
+            ledger.set_released(tail, released);
+            plain.wr_id = slot.wr_id;
+            plain.status = slot.status() as u32;
+            plain.opcode = slot.opcode() as u32;
+            plain.vendor_err = slot.vendor_err();
+            plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            release(&plain);
+            debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
+            true
+        };
+        if let Some(slot) = one {
+            release_slot(slot);
+            return;
+        }
         for part in [a, b] {
             for slot in part {
-                let slot = slot.get();
-                if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= self.barrier_at.get()) {
+                if !release_slot(slot.get()) {
                     return;
                 }
-                tail += 1;
-                released += 1;
-                ledger.set_released(tail, released);
-                plain.wr_id = slot.wr_id;
-                plain.status = slot.status() as u32;
-                plain.opcode = slot.opcode() as u32;
-                plain.vendor_err = slot.vendor_err();
-                plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
-                release(plain);
-                debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
             }
         }
     }

@@ -95,6 +95,10 @@ pub struct SendCounters {
 pub struct SendLedger {
     pub ring: SlotRing,
     released: Cell<u64>,
+    /// Why a post call cannot take the common path (`SendState::plain_open`): the causes `SendState::blocked_now`
+    /// lists, as bits, recomputed by `SendState::sync_blocked` wherever one of them changes, so that the post
+    /// path and the end of a release pass test one byte.
+    blocked: Cell<u8>,
 }
 
 impl SendLedger {
@@ -102,6 +106,11 @@ impl SendLedger {
     #[inline]
     pub fn released(&self) -> u64 {
         self.released.get()
+    }
+    /// Open, nothing parked, no WR to note (`SendState::plain_open`).
+    #[inline]
+    pub fn plain_open(&self) -> bool {
+        self.blocked.get() == 0
     }
     /// The release loop handed out the releases up to sequence `tail` (exclusive), `released` of the ULP's WRs
     /// in all: see the contract above.
@@ -130,9 +139,6 @@ pub struct SendState<T> {
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
     late: LateWindow,
-    /// Why a post call cannot take the common path (`plain_open`): `BLOCKED_*` bits, recomputed by
-    /// `sync_blocked` wherever one of their causes changes, so that the post path tests one byte.
-    blocked: u8,
     /// The queue notes every WR it accepts (tracked MRs, buffer verification): set by the queue.
     noting: bool,
     /// The provider refused the oldest parked WR with this errno: it waits, unposted, for the WRs posted before
@@ -153,7 +159,11 @@ pub enum Closed {
 impl<T: Parked> SendState<T> {
     pub fn new(depth: u32, signal_interval: u32, backlog: Backlog) -> Result<SendState<T>> {
         Ok(SendState {
-            ledger: Rc::new(SendLedger { ring: SlotRing::new(depth, "the send ring")?, released: Cell::new(0) }),
+            ledger: Rc::new(SendLedger {
+                ring: SlotRing::new(depth, "the send ring")?,
+                released: Cell::new(0),
+                blocked: Cell::new(0),
+            }),
             depth,
             policy: SignalPolicy::new(signal_interval),
             backlog,
@@ -165,7 +175,6 @@ impl<T: Parked> SendState<T> {
             abandoned: false,
             late: LateWindow::default(),
             front_refused: None,
-            blocked: 0,
             noting: false,
             counters: SendCounters::default(),
         })
@@ -233,8 +242,8 @@ impl<T: Parked> SendState<T> {
     /// still decide).
     #[inline]
     pub fn plain_open(&self) -> bool {
-        debug_assert_eq!(self.blocked, self.blocked_now());
-        self.blocked == 0
+        debug_assert_eq!(self.ledger.blocked.get(), self.blocked_now());
+        self.ledger.plain_open()
     }
     /// Whether the queue notes every WR it accepts (`set_noting`).
     pub fn noting(&self) -> bool {
@@ -253,7 +262,7 @@ impl<T: Parked> SendState<T> {
     }
     #[inline]
     fn sync_blocked(&mut self) {
-        self.blocked = self.blocked_now();
+        self.ledger.blocked.set(self.blocked_now());
     }
     pub fn closed(&self) -> Option<Closed> {
         match (self.failed, self.draining) {
