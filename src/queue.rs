@@ -1314,10 +1314,24 @@ impl QueueShared {
         }
     }
 
-    /// The loop of `run_releases`, with the queue's release handler as `release`. Each step takes the state
-    /// borrow once and drops it before any callback runs (callbacks may post, defer or poll again).
+    /// The loop of `run_releases`, with the queue's release handler as `release`: the common releases
+    /// (`release_plain`), and the rest of the pass out of line only when something else may be due.
     #[inline(always)]
     fn release_loop<const VERIFY: bool>(&self, release: impl Fn(&Completion)) {
+        if !VERIFY {
+            self.release_plain(&release);
+            if self.release_pass_done() {
+                return;
+            }
+        }
+        self.release_rest::<VERIFY>(&release);
+    }
+
+    /// The rest of a release pass: deferred actions, markers and operations, parked WRs, receives, the pump.
+    /// Each step takes the state borrow once and drops it before any callback runs (callbacks may post, defer
+    /// or poll again); between steps, the common releases run again.
+    #[inline(never)]
+    fn release_rest<const VERIFY: bool>(&self, release: &impl Fn(&Completion)) {
         enum Item {
             Release(Completion),
             OpDone(Option<ReleaseHandler>, Completion),
@@ -1326,12 +1340,6 @@ impl QueueShared {
             Idle(bool),
         }
         loop {
-            if !VERIFY {
-                self.release_plain(&release);
-                if self.release_pass_done() {
-                    break;
-                }
-            }
             let item = {
                 let mut guard = self.state.borrow_mut();
                 let st = &mut *guard;
@@ -1400,6 +1408,12 @@ impl QueueShared {
                     if !go_on {
                         break;
                     }
+                }
+            }
+            if !VERIFY {
+                self.release_plain(release);
+                if self.release_pass_done() {
+                    break;
                 }
             }
         }
