@@ -250,7 +250,8 @@ struct sqd_completion {
 };
 
 /**
- * A release callback: `c` is valid only during the call. It runs on the thread that polls (or posts, defers or
+ * A release callback: `c` is valid only during the call and is read-only (the library fills the same completion
+ * again for the next release: copy what you keep). It runs on the thread that polls (or posts, defers or
  * drains) and may call the API again, including posting on the same queue.
  */
 typedef void (*sqd_release_fn)(void *ctx, const struct sqd_completion *c);

@@ -1485,6 +1485,8 @@ impl QueueShared {
         // slices, walked in order: nothing is indexed per release.
         let (one, (a, b)) = if n == 1 { (Some(ring.get(tail)), (&[][..], &[][..])) } else { (None, ring.slots_of(tail, n)) };
         // Releases `slot` if it is a common one and no barrier is due; whether it did.
+        // A slot's second word never equals this: it would have every flag, `INTERNAL` included.
+        let mut last_meta = u64::MAX;
         let mut release_slot = |slot: Slot| {
             if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= self.barrier_at.get()) {
                 return false;
@@ -1493,10 +1495,16 @@ impl QueueShared {
             released += 1;
             ledger.set_released(tail, released);
             plain.wr_id = slot.wr_id;
-            plain.status = slot.status() as u32;
-            plain.opcode = slot.opcode() as u32;
-            plain.vendor_err = slot.vendor_err();
-            plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            // Consecutive releases mostly differ only in their wr_id (the same opcode, covered successes): the
+            // other fields are rewritten only when the slot's second word changes (the callback gets the
+            // completion read-only).
+            if slot.meta() != last_meta {
+                last_meta = slot.meta();
+                plain.status = slot.status() as u32;
+                plain.opcode = slot.opcode() as u32;
+                plain.vendor_err = slot.vendor_err();
+                plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            }
             release(&plain);
             debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
             true

@@ -379,7 +379,27 @@ fn single_wr_posts_are_signaled_and_restored_as_chains_are(make: Make) {
     assert_eq!((st.accepted, st.wqes, st.signaled_by_ulp), (20, 20, 2));
 }
 
+/// The WRs one CQE retires are released with their own opcode, and only the last carries the CQE's own
+/// completion: the release of a run rewrites the completion's fields whenever they change from one WR to the
+/// next, not only at its first.
+fn the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags(make: Make) {
+    let rig = Rig::on(make, config(16, 8, 0), 64);
+    let mut chain = Chain::new()
+        .push(0, WR_SEND, 0, &[8])
+        .push(1, WR_RDMA_WRITE, 0, &[8])
+        .push(2, WR_RDMA_WRITE, 0, &[8])
+        .push(3, WR_SEND, 0, &[8])
+        .push(4, WR_RDMA_WRITE, SIGNALED, &[8]);
+    rig.post(&mut chain).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    let got: Vec<(u64, u32, bool)> = rig.log.borrow().iter().map(|c| (c.wr_id, c.opcode, c.is_implied())).collect();
+    // ibv_wc_opcode: SEND 0, RDMA_WRITE 1.
+    assert_eq!(got, vec![(0, WC_SEND, true), (1, 1, true), (2, 1, true), (3, WC_SEND, true), (4, 1, false)]);
+}
+
 on_both_devices!(
+    the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags,
     single_wr_posts_are_signaled_and_restored_as_chains_are,
     every_chain_is_restored_whatever_the_policy_signaled,
     credits_are_never_exceeded_and_the_backlog_keeps_order,

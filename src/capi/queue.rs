@@ -14,7 +14,8 @@ use crate::verbs::control::Teardown;
 use crate::verbs::{ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
 use crate::Error;
 
-/// A release callback: `c` is valid only during the call. It runs on the thread that polls (or posts, defers or
+/// A release callback: `c` is valid only during the call and is read-only (the library fills the same completion
+/// again for the next release: copy what you keep). It runs on the thread that polls (or posts, defers or
 /// drains) and may call the API again, including posting on the same queue.
 pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Completion)>;
 

@@ -41,6 +41,11 @@ impl Slot {
     pub fn new(wr_id: u64, opcode: u8, flags: u8) -> Slot {
         Slot { wr_id, meta: opcode as u64 | (flags as u64) << 8 }
     }
+    /// The second word as a whole: two slots with the same one give the same completion but for the wr_id.
+    #[inline]
+    pub fn meta(&self) -> u64 {
+        self.meta
+    }
     #[inline]
     pub fn opcode(&self) -> u8 {
         self.meta as u8
