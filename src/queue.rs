@@ -219,8 +219,6 @@ pub(crate) struct QueueShared {
     /// The send ring and the released count, also in `state.send`: the release loop's common case reads and
     /// advances them without borrowing `state` (`SendLedger`'s contract).
     ledger: Rc<SendLedger>,
-    /// `state.barriers.first_target()`, readable without borrowing `state`.
-    barrier_at: Rc<Cell<u64>>,
     /// The queue manages receives (`state.recv` is set): fixed at creation.
     managed_recv: bool,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
@@ -468,11 +466,10 @@ impl Queue {
         let verify = storage.verify;
         let mut storage_send = storage.send;
         storage_send.set_noting(verify.is_some());
-        let barriers = Barriers::default();
+        let barriers = Barriers::new(storage_send.ledger().clone());
         let shared = Rc::new(QueueShared {
             ledger: storage_send.ledger().clone(),
             managed_recv: storage.recv.is_some(),
-            barrier_at: barriers.watch(),
             verifying: verify.is_some(),
             qp,
             limits,
@@ -1430,7 +1427,7 @@ impl QueueShared {
         let done = !self.managed_recv
             && ledger.plain_open()
             && ledger.ring.tail() == ledger.ring.done()
-            && ledger.released() < self.barrier_at.get();
+            && ledger.released() < ledger.first_barrier();
         debug_assert!(
             !done || self.state.try_borrow().map_or(true, |st| !st.send.has_unsignaled_tail() || self.watched.get()),
             "an unsignaled tail nobody watches at the end of a release pass"
@@ -1468,7 +1465,7 @@ impl QueueShared {
     /// this loop moves `tail` and `released`, and nothing a callback does changes the slots between them and
     /// the `done` read at the start. `sqd_queue_stats` read from a callback counts its WR as released. A
     /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
-    /// run before the next release, as `barrier_at` is read after every callback.
+    /// run before the next release, as the ledger's first barrier is read after every callback.
     #[inline(always)]
     fn release_plain(&self, release: &impl Fn(&Completion)) {
         let ledger = &*self.ledger;
@@ -1488,7 +1485,7 @@ impl QueueShared {
         // A slot's second word never equals this: it would have every flag, `INTERNAL` included.
         let mut last_meta = u64::MAX;
         let mut release_slot = |slot: Slot| {
-            if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= self.barrier_at.get()) {
+            if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= ledger.first_barrier()) {
                 return false;
             }
             tail += 1;

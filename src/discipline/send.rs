@@ -95,6 +95,9 @@ pub struct SendCounters {
 pub struct SendLedger {
     pub ring: SlotRing,
     released: Cell<u64>,
+    /// The first deferred action's target (`Barriers::first_target`, `u64::MAX` when none waits), kept here by
+    /// the queue's `Barriers` so that the release loop compares it without borrowing them.
+    first_barrier: Cell<u64>,
     /// Why a post call cannot take the common path (`SendState::plain_open`): the causes `SendState::blocked_now`
     /// lists, as bits, recomputed by `SendState::sync_blocked` wherever one of them changes, so that the post
     /// path and the end of a release pass test one byte.
@@ -106,6 +109,11 @@ impl SendLedger {
     #[inline]
     pub fn released(&self) -> u64 {
         self.released.get()
+    }
+    /// The first deferred action's target (`u64::MAX` when none waits).
+    #[inline]
+    pub fn first_barrier(&self) -> u64 {
+        self.first_barrier.get()
     }
     /// Open, nothing parked, no WR to note (`SendState::plain_open`).
     #[inline]
@@ -162,6 +170,7 @@ impl<T: Parked> SendState<T> {
             ledger: Rc::new(SendLedger {
                 ring: SlotRing::new(depth, "the send ring")?,
                 released: Cell::new(0),
+                first_barrier: Cell::new(u64::MAX),
                 blocked: Cell::new(0),
             }),
             depth,
@@ -770,18 +779,17 @@ impl Admission<'_> {
 #[derive(Debug)]
 pub struct Barriers<D> {
     waiting: VecDeque<(u64, D)>,
-    /// The oldest action's target (`u64::MAX` when none waits): the per-release check is one compare. Shared
-    /// (`watch`), so that the release loop reads it without borrowing the barriers.
-    first_target: Rc<Cell<u64>>,
-}
-
-impl<D> Default for Barriers<D> {
-    fn default() -> Self {
-        Barriers { waiting: VecDeque::new(), first_target: Rc::new(Cell::new(u64::MAX)) }
-    }
+    /// Where the oldest action's target is kept (`u64::MAX` when none waits): the per-release check is one
+    /// compare, and the release loop reads it without borrowing the barriers.
+    ledger: Rc<SendLedger>,
 }
 
 impl<D> Barriers<D> {
+    /// Barriers of the send state that owns `ledger` (`SendState::ledger`).
+    pub fn new(ledger: Rc<SendLedger>) -> Self {
+        ledger.first_barrier.set(u64::MAX);
+        Barriers { waiting: VecDeque::new(), ledger }
+    }
     /// Room for `more` actions beyond those waiting, so that as many `push` calls allocate nothing.
     pub fn reserve(&mut self, more: usize) -> Result<()> {
         crate::alloc::reserve_deque(&mut self.waiting, more, "the queue's deferred actions")
@@ -795,27 +803,22 @@ impl<D> Barriers<D> {
         self.sync_first();
     }
     fn sync_first(&self) {
-        self.first_target.set(self.waiting.front().map_or(u64::MAX, |e| e.0));
+        self.ledger.first_barrier.set(self.waiting.front().map_or(u64::MAX, |e| e.0));
     }
     /// The oldest action's target (`u64::MAX` when none waits).
     #[inline]
     pub fn first_target(&self) -> u64 {
-        self.first_target.get()
-    }
-    /// The oldest action's target as a cell that follows every change (for a reader that does not hold the
-    /// barriers).
-    pub fn watch(&self) -> Rc<Cell<u64>> {
-        self.first_target.clone()
+        self.ledger.first_barrier.get()
     }
     /// Whether an action's target `released` has reached (`pop_ready` then returns it).
     #[inline]
     pub fn is_due(&self, released: u64) -> bool {
-        self.first_target.get() <= released
+        self.ledger.first_barrier.get() <= released
     }
     /// The oldest action whose target `released` has reached.
     #[inline]
     pub fn pop_ready(&mut self, released: u64) -> Option<D> {
-        if self.first_target.get() > released {
+        if self.ledger.first_barrier.get() > released {
             return None;
         }
         let (_, d) = self.waiting.pop_front()?;
@@ -908,7 +911,8 @@ mod tests {
 
     #[test]
     fn barriers_run_in_target_order_stable_among_equals() {
-        let mut b = Barriers::default();
+        let st = SendState::<NoParked>::new(4, 1, Backlog::new(0)).unwrap();
+        let mut b = Barriers::new(st.ledger().clone());
         b.push(5, "a");
         b.push(3, "b");
         b.push(5, "c");
