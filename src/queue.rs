@@ -1485,23 +1485,26 @@ impl QueueShared {
         // A slot's second word never equals this: it would have every flag, `INTERNAL` included.
         let mut last_meta = u64::MAX;
         let mut release_slot = |slot: Slot| {
-            if (slot.flags() & (Slot::INTERNAL | Slot::OP) != 0) | (released >= ledger.first_barrier()) {
-                return false;
-            }
-            tail += 1;
-            released += 1;
-            ledger.set_released(tail, released);
-            plain.wr_id = slot.wr_id;
-            // Consecutive releases mostly differ only in their wr_id (the same opcode, covered successes): the
-            // other fields are rewritten only when the slot's second word changes (the callback gets the
-            // completion read-only).
+            // Consecutive releases mostly differ only in their wr_id (the same opcode, covered successes): a slot
+            // whose second word is the previous release's is a common release too, and the completion's other
+            // fields already hold its values (the callback gets the completion read-only).
             if slot.meta() != last_meta {
+                if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                    return false;
+                }
                 last_meta = slot.meta();
                 plain.status = slot.status() as u32;
                 plain.opcode = slot.opcode() as u32;
                 plain.vendor_err = slot.vendor_err();
                 plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
             }
+            if released >= ledger.first_barrier() {
+                return false;
+            }
+            tail += 1;
+            released += 1;
+            ledger.set_released(tail, released);
+            plain.wr_id = slot.wr_id;
             release(&plain);
             debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
             true
