@@ -556,7 +556,7 @@ impl Queue {
         let last_use = st.send.accepted();
         crate::alloc::reserve(&mut st.tracked, 1, "the list of tracked MRs")?;
         st.tracked.push(TrackedMr { lkey, last_use });
-        st.send.set_noting(true);
+        st.sync_noting();
         Ok(())
     }
 
@@ -567,8 +567,7 @@ impl Queue {
             return Err(Error::new(libc::ENOENT, format!("the MR with lkey {lkey:#x} is not tracked")));
         };
         st.tracked.swap_remove(i);
-        let noting = self.shared.verifying || !st.tracked.is_empty();
-        st.send.set_noting(noting);
+        st.sync_noting();
         Ok(())
     }
 
@@ -906,8 +905,7 @@ impl QueueShared {
         // Decided once per call: nothing below changes them but this call's own posts (one credit each) and
         // parks (after which `credits` is 0 and every WR goes through `admit`).
         let credits = st.send.postable();
-        let note = self.verifying || !st.tracked.is_empty();
-        debug_assert_eq!(note, st.send.noting());
+        let note = st.send.noting();
         let result = if credits > 0 && !note {
             // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
             // with one doorbell; whatever is left goes through the general loop, in the same run.
@@ -1397,8 +1395,7 @@ impl QueueShared {
                     }
                     if let Some(i) = untrack.and_then(|k| st.tracked.iter().position(|t| t.lkey == k)) {
                         st.tracked.swap_remove(i);
-                        let noting = self.verifying || !st.tracked.is_empty();
-                        st.send.set_noting(noting);
+                        st.sync_noting();
                     }
                 }
                 Item::Idle(go_on) => {
@@ -1876,6 +1873,13 @@ fn completion_of(slot: &Slot) -> Completion {
 }
 
 impl QueueState {
+    /// Tells the send state whether every accepted WR must be noted (buffer verification, tracked MRs): after
+    /// the tracked MRs change.
+    fn sync_noting(&mut self) {
+        let noting = self.verify.is_some() || !self.tracked.is_empty();
+        self.send.set_noting(noting);
+    }
+
     /// Bookkeeping for the WR just accepted: the tracked MRs its SGEs name, and its checksums when verifying.
     #[inline]
     fn note_accepted(&mut self, w: WrPtr<'_>, send_flags: u32) {
