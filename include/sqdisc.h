@@ -308,6 +308,37 @@ struct sqd_queue_attr {
 };
 
 /**
+ * Send WRs released together (`struct sqd_release_batch`, see `sqd_queue_set_release_batch`): WRs the ULP
+ * posted, retired one after the other with the same status and vendor error. After its release, and not before,
+ * the ULP may reuse each WR's buffers, lkeys and MRs.
+ */
+struct sqd_release_batch {
+    /**
+     * The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
+     */
+    const uint64_t *wr_ids;
+    /**
+     * How many WRs the batch releases: at least 1.
+     */
+    uint32_t count;
+    /**
+     * An `enum ibv_wc_status` value, the same for each WR: `IBV_WC_SUCCESS`, the error of a WR's own CQE, or
+     * `IBV_WC_WR_FLUSH_ERR`.
+     */
+    uint32_t status;
+    /**
+     * The vendor error of the WRs' error CQE, else 0.
+     */
+    uint32_t vendor_err;
+};
+
+/**
+ * A batch release callback (see `sqd_queue_set_release_batch`): `b` and its `wr_ids` are valid only during the
+ * call and are read-only. It runs where a release callback would, and may call the API again as one may.
+ */
+typedef void (*sqd_release_batch_fn)(void *ctx, const struct sqd_release_batch *b);
+
+/**
  * A deferred action (see `sqd_defer`).
  */
 typedef void (*sqd_defer_fn)(void *ctx);
@@ -811,6 +842,29 @@ int32_t sqd_queue_new(struct sqd_cq *send_cq,
  * devices (`sqd_scripted_destroy_qp`, `sqd_sim_destroy_qp`) refuse with `-EBUSY` until then.
  */
 int32_t sqd_queue_free(struct sqd_queue *q);
+
+/**
+ * Hands the queue's common releases to `fn` in batches from now on, for ULPs that finish their WRs in bulk:
+ * the WRs the ULP posted that are released one after the other with the same status and vendor error (the
+ * successes a signaled CQE retires, mostly) go to one call of `fn(ctx, batch)`, oldest first, instead of one
+ * call each of the queue's `release`.
+ *
+ * Every other release still goes to `release`, one per WR: receives, WRs released as never posted or refused
+ * (`SQD_COMPLETION_NEVER_POSTED`, `SQD_COMPLETION_REFUSED`), every release of a queue that verifies buffers
+ * (`SQD_QUEUE_VERIFY_BUFFERS`), and a common release too wherever the library finds that simpler. Handle any
+ * release in `release` as well: between them, each WR is released exactly once and in post order, and a
+ * deferred action (`sqd_defer`, `sqd_defer_mr`) still runs right after the last release it waits for. A batch
+ * carries no opcode and does not say which WR's own CQE retired it; a ULP that needs those keeps to
+ * `release` alone. Inside `fn`, `sqd_queue_stats` counts the whole batch as released.
+ *
+ * Set it at most once, outside the queue's own callbacks; it stays for the queue's life. The queue must have
+ * a `release` callback (it gets the releases a batch cannot carry). Costs 8 bytes per SQ slot (counted in
+ * `sqd_queue_stats.bytes`).
+ *
+ * Returns 0, or `-EINVAL` (NULL `q` or `fn`; the queue has no `release`), `-EBUSY` (already set; called from
+ * one of the queue's own callbacks), `-ENOMEM`.
+ */
+int32_t sqd_queue_set_release_batch(struct sqd_queue *q, sqd_release_batch_fn fn, void *ctx);
 
 /**
  * Hands a chain of send WRs to the queue instead of `ibv_post_send`.

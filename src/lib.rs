@@ -47,4 +47,4 @@ pub use srq::{Srq, SrqStats};
 pub use limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
 pub use post_error::{PostError, RecvPostError};
 pub use queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
-pub use release::ReleaseHandler;
+pub use release::{BatchHandler, ReleaseBatch, ReleaseHandler};

@@ -16,7 +16,7 @@ use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
 use crate::limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
 use crate::post_error::{PostError, RecvPostError};
-use crate::release::{call, ReleaseHandler};
+use crate::release::{call, BatchHandler, ReleaseBatch, ReleaseHandler};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
@@ -232,9 +232,18 @@ pub(crate) struct QueueShared {
     /// is chosen once per call and the loop without the verifier tests nothing of it per release.
     verifying: bool,
     release: Option<ReleaseHandler>,
+    /// The batch handler (`Queue::set_release_batch`), set at most once.
+    batcher: std::cell::OnceCell<Batcher>,
     srq: Option<Rc<SrqShared>>,
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
     last_wqe_at: Cell<Option<u64>>,
+}
+
+/// A queue's batch handler and the array its batches' wr_ids are gathered in (one slot per ring slot: a batch
+/// never holds more WRs than the ring). Only the release pass, which never nests, fills and lends the array.
+struct Batcher {
+    handler: BatchHandler,
+    wr_ids: RefCell<Box<[u64]>>,
 }
 
 /// What a queue allocates at creation: everything whose size its configuration decides.
@@ -499,6 +508,7 @@ impl Queue {
             watched: Cell::new(false),
             releasing: Cell::new(false),
             release,
+            batcher: std::cell::OnceCell::new(),
             srq: srq.map(|s| s.shared.clone()),
             last_wqe_at: Cell::new(None),
         });
@@ -634,6 +644,36 @@ impl Queue {
             EV_COMM_EST | EV_SQ_DRAINED | EV_PATH_MIG => Ok(()),
             _ => Err(Error::invalid(format!("event {event} is not an event of a QP"))),
         }
+    }
+
+    /// Hands the queue's common releases to `handler` in batches from now on: posted send WRs of the ULP's
+    /// released one after the other with the same status and vendor error go to one call, oldest first, instead
+    /// of one call each to the queue's release handler. Every other release (receives, WRs released as never
+    /// posted or refused, and any release of a queue that verifies buffers) still goes to the release handler,
+    /// which the queue must have (`EINVAL` otherwise), and so may a common release whenever the library finds
+    /// that simpler: the two together get each WR exactly once and in post order. A batch carries no opcode
+    /// and does not say which WR's own CQE retired it.
+    ///
+    /// Set at most once (`EBUSY` after that, and from inside the queue's own release pass). `ENOMEM` if the
+    /// array of the batches' wr_ids (8 bytes per SQ slot, counted in [`Queue::footprint`]) cannot be allocated.
+    pub fn set_release_batch(&self, handler: BatchHandler) -> Result<()> {
+        let s = &self.shared;
+        if s.release.is_none() {
+            return Err(Error::invalid(
+                "the queue has no release handler: the releases a batch cannot carry go to it, so set one at creation",
+            ));
+        }
+        if s.batcher.get().is_some() {
+            return Err(Error::new(libc::EBUSY, "the queue's batch handler is already set"));
+        }
+        if s.releasing.get() {
+            return Err(Error::new(libc::EBUSY, "called from inside the queue's own release pass"));
+        }
+        let wr_ids = crate::alloc::boxed_slice(s.ledger.ring.capacity(), 0u64, "the array of a release batch's wr_ids")?;
+        if s.batcher.set(Batcher { handler, wr_ids: RefCell::new(wr_ids) }).is_err() {
+            unreachable!("checked above, and nothing in between sets it");
+        }
+        Ok(())
     }
 
     /// `EBUSY` while WRs or receives are outstanding (not yet released).
@@ -1291,7 +1331,9 @@ impl QueueShared {
             return;
         }
         let _guard = ClearOnDrop(&self.releasing);
-        if self.verifying {
+        if self.batcher.get().is_some() {
+            self.run_batched_release_loop();
+        } else if self.verifying {
             self.run_release_loop::<true>();
         } else {
             self.run_release_loop::<false>();
@@ -1303,30 +1345,57 @@ impl QueueShared {
     #[inline(always)]
     fn run_release_loop<const VERIFY: bool>(&self) {
         match &self.release {
-            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY>(|c| f.call(c)),
-            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY>(|c| f(c)),
-            None => self.release_loop::<VERIFY>(|_| {}),
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false>(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false>(|c| f(c)),
+            None => self.release_loop::<VERIFY, false>(|_| {}),
+        }
+    }
+
+    /// `run_release_loop` for a queue with a batch handler (and so with a release handler). Marked cold only to
+    /// keep it off the straight line of the per-WR handler's pass, whose registers it would otherwise disturb
+    /// (10 instructions per WR).
+    #[cold]
+    #[inline(never)]
+    fn run_batched_release_loop(&self) {
+        let h = self.release.as_ref();
+        if self.verifying {
+            self.release_loop::<true, true>(|c| call(h, c));
+        } else {
+            self.release_loop::<false, true>(|c| call(h, c));
         }
     }
 
     /// The loop of `run_releases`, with the queue's release handler as `release`: the common releases
-    /// (`release_plain`), and the rest of the pass out of line only when something else may be due.
+    /// (`release_common`), and the rest of the pass out of line only when something else may be due.
     #[inline(always)]
-    fn release_loop<const VERIFY: bool>(&self, release: impl Fn(&Completion)) {
+    fn release_loop<const VERIFY: bool, const BATCH: bool>(&self, release: impl Fn(&Completion)) {
         if !VERIFY {
-            self.release_plain(&release);
+            self.release_common::<BATCH>(&release);
             if self.release_pass_done() {
                 return;
             }
         }
-        self.release_rest::<VERIFY>(&release);
+        self.release_rest::<VERIFY, BATCH>(&release);
+    }
+
+    /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
+    /// (`release_batched`) if the queue has one (`BATCH`).
+    #[inline(always)]
+    fn release_common<const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
+        if BATCH {
+            if let Some(b) = self.batcher.get() {
+                self.release_batched(b);
+            }
+        } else {
+            self.release_plain(release);
+        }
     }
 
     /// The rest of a release pass: deferred actions, markers and operations, parked WRs, receives, the pump.
     /// Each step takes the state borrow once and drops it before any callback runs (callbacks may post, defer
     /// or poll again); between steps, the common releases run again.
     #[inline(never)]
-    fn release_rest<const VERIFY: bool>(&self, release: &impl Fn(&Completion)) {
+    fn release_rest<const VERIFY: bool, const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
         enum Item {
             Release(Completion),
             OpDone(Option<ReleaseHandler>, Completion),
@@ -1405,7 +1474,7 @@ impl QueueShared {
                 }
             }
             if !VERIFY {
-                self.release_plain(release);
+                self.release_common::<BATCH>(release);
                 if self.release_pass_done() {
                     break;
                 }
@@ -1516,6 +1585,60 @@ impl QueueShared {
                     return;
                 }
             }
+        }
+    }
+
+    /// `release_plain` for a queue with a batch handler: the same releases, each run of them with one status and
+    /// vendor error gathered into the batcher's array and handed over in one call. Under `SendLedger`'s contract
+    /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
+    /// batch's call, so a barrier the call makes due runs before the next release.
+    #[inline(never)]
+    fn release_batched(&self, b: &Batcher) {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        loop {
+            let tail = ring.tail();
+            let released = ledger.released();
+            let n = (ring.done() - tail).min(ledger.first_barrier().saturating_sub(released));
+            if n == 0 {
+                return;
+            }
+            let (first_part, wrapped) = ring.slots_of(tail, n);
+            let first = first_part[0].get();
+            if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                return;
+            }
+            // Two slots release alike if their second words agree but for the opcode and the flags; the flags
+            // that do matter (a marker's, an operation's) end the batch.
+            const SAME: u64 = !0xffff;
+            let key = first.meta() & SAME;
+            let mut last_meta = first.meta();
+            let mut count = 0usize;
+            {
+                let mut wr_ids = b.wr_ids.borrow_mut();
+                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
+                'gather: for (part, out) in [(first_part, out_first), (wrapped, out_wrapped)] {
+                    for (slot, out) in part.iter().zip(out.iter_mut()) {
+                        let slot = slot.get();
+                        if slot.meta() != last_meta {
+                            if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 || slot.meta() & SAME != key {
+                                break 'gather;
+                            }
+                            last_meta = slot.meta();
+                        }
+                        *out = slot.wr_id;
+                        count += 1;
+                    }
+                }
+            }
+            ledger.set_released(tail + count as u64, released + count as u64);
+            let wr_ids = b.wr_ids.borrow();
+            (b.handler)(&ReleaseBatch { wr_ids: &wr_ids[..count], status: first.status() as u32, vendor_err: first.vendor_err() });
+            debug_assert_eq!(
+                (ring.tail(), ledger.released()),
+                (tail + count as u64, released + count as u64),
+                "a callback moved the release point"
+            );
         }
     }
 
@@ -1794,6 +1917,9 @@ impl QueueShared {
         }
         if let Some(v) = &st.verify {
             n += v.footprint();
+        }
+        if let Some(b) = self.batcher.get() {
+            n += std::mem::size_of_val(&**b.wr_ids.borrow());
         }
         n
     }

@@ -19,6 +19,27 @@ use crate::Error;
 /// drains) and may call the API again, including posting on the same queue.
 pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Completion)>;
 
+/// Send WRs released together (`struct sqd_release_batch`, see `sqd_queue_set_release_batch`): WRs the ULP
+/// posted, retired one after the other with the same status and vendor error. After its release, and not before,
+/// the ULP may reuse each WR's buffers, lkeys and MRs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseBatchC {
+    /// The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
+    pub wr_ids: *const u64,
+    /// How many WRs the batch releases: at least 1.
+    pub count: u32,
+    /// An `enum ibv_wc_status` value, the same for each WR: `IBV_WC_SUCCESS`, the error of a WR's own CQE, or
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    pub status: u32,
+    /// The vendor error of the WRs' error CQE, else 0.
+    pub vendor_err: u32,
+}
+
+/// A batch release callback (see `sqd_queue_set_release_batch`): `b` and its `wr_ids` are valid only during the
+/// call and are read-only. It runs where a release callback would, and may call the API again as one may.
+pub type ReleaseBatchFn = Option<unsafe extern "C" fn(ctx: *mut c_void, b: *const ReleaseBatchC)>;
+
 /// A deferred action (see `sqd_defer`).
 pub type DeferFn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
 
@@ -173,6 +194,46 @@ pub extern "C" fn sqd_queue_free(q: *mut sqd_queue) -> i32 {
         // SAFETY: `q` came from `sqd_queue_new` (the caller's promise) and is freed once.
         unsafe { handle::free(q) };
         0
+    })
+}
+
+/// Hands the queue's common releases to `fn` in batches from now on, for ULPs that finish their WRs in bulk:
+/// the WRs the ULP posted that are released one after the other with the same status and vendor error (the
+/// successes a signaled CQE retires, mostly) go to one call of `fn(ctx, batch)`, oldest first, instead of one
+/// call each of the queue's `release`.
+///
+/// Every other release still goes to `release`, one per WR: receives, WRs released as never posted or refused
+/// (`SQD_COMPLETION_NEVER_POSTED`, `SQD_COMPLETION_REFUSED`), every release of a queue that verifies buffers
+/// (`SQD_QUEUE_VERIFY_BUFFERS`), and a common release too wherever the library finds that simpler. Handle any
+/// release in `release` as well: between them, each WR is released exactly once and in post order, and a
+/// deferred action (`sqd_defer`, `sqd_defer_mr`) still runs right after the last release it waits for. A batch
+/// carries no opcode and does not say which WR's own CQE retired it; a ULP that needs those keeps to
+/// `release` alone. Inside `fn`, `sqd_queue_stats` counts the whole batch as released.
+///
+/// Set it at most once, outside the queue's own callbacks; it stays for the queue's life. The queue must have
+/// a `release` callback (it gets the releases a batch cannot carry). Costs 8 bytes per SQ slot (counted in
+/// `sqd_queue_stats.bytes`).
+///
+/// Returns 0, or `-EINVAL` (NULL `q` or `fn`; the queue has no `release`), `-EBUSY` (already set; called from
+/// one of the queue's own callbacks), `-ENOMEM`.
+#[no_mangle]
+pub extern "C" fn sqd_queue_set_release_batch(q: *mut sqd_queue, r#fn: ReleaseBatchFn, ctx: *mut c_void) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q.object(), "q");
+        let _held = q.lock().map(|l| l.lock());
+        let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
+        let handler: crate::release::BatchHandler = Box::new(move |b: &crate::release::ReleaseBatch<'_>| {
+            let c = ReleaseBatchC {
+                wr_ids: b.wr_ids.as_ptr(),
+                count: b.wr_ids.len() as u32,
+                status: b.status,
+                vendor_err: b.vendor_err,
+            };
+            // SAFETY: the C caller promises `fn` may be called with `ctx` while the queue exists; `c` and the
+            // wr_ids it points to outlive the call.
+            unsafe { f(ctx, &c) }
+        });
+        status(q.set_release_batch(handler))
     })
 }
 
