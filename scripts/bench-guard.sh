@@ -12,7 +12,8 @@
 #   5. on the null provider (benches/null_provider.c, a few instructions per WR): sqdisc / hand-moderated raw
 #      verbs at batch 1, 8 and 32 at most the limits below (batch 1: its target, met; batch 8 and 32: today's
 #      ratios with about 15% margin), so that a regression of the library's hot path fails here; and CQEs per
-#      WR = 1/32 for sqdisc there. First, benches/null_provider_check.c: the null provider itself behaves as
+#      WR = 1/32 for sqdisc there; the same for the poster with batched releases, which must also cost less
+#      than the per-WR one. First, benches/null_provider_check.c: the null provider itself behaves as
 #      documented (a post without a free SQ slot fails, a CQE frees the slots up to its WQE), so that a
 #      moderation bug would show on it.
 # usage: scripts/bench-guard.sh STAGE_DIR LIBDIR_IN_STAGE      (make bench-guard stages a private install)
@@ -30,6 +31,10 @@ OWN_MAX=1000
 # today's ratios x 1.15.
 # Tighten them as the hot path improves toward the targets in docs/PERFORMANCE.md (batch 8: 2.0, batch 32: 1.5).
 declare -A NULL_RATIO_MAX=([1]=2.50 [8]=3.47 [32]=3.34)
+# The same with batched releases (sqd_queue_set_release_batch), measured the same day: 2.27, 2.81, 2.66; batch 1
+# at its target, batch 8 and 32 at today's ratios x 1.15. The batched poster must also cost less than the
+# per-WR one at every batch size, or the batch path has lost what it is for.
+declare -A BATCHED_RATIO_MAX=([1]=2.50 [8]=3.23 [32]=3.06)
 NULL_N=1600 # counted WRs per run: (I(2N) - I(N)) / N, a multiple of 32
 failed=0
 check() { # description ok(0/1)
@@ -71,6 +76,10 @@ for b in 1 8 32; do
     r=$(awk -v q="$q" -v m="$m" 'BEGIN { printf "%.3f", q / m }')
     check "null provider, batch $b: sqdisc $q instructions per WR = ${r}x hand-moderated ($m) <= ${NULL_RATIO_MAX[$b]}x (target ${NULL_TARGET[$b]}x)" \
         "$(le "$r" "${NULL_RATIO_MAX[$b]}")"
+    qb=$(cg_per_wr "$NULL_N" -- sqdisc-batch "${args[@]}")
+    rb=$(awk -v q="$qb" -v m="$m" 'BEGIN { printf "%.3f", q / m }')
+    check "null provider, batch $b: sqdisc with batched releases $qb instructions per WR = ${rb}x hand-moderated <= ${BATCHED_RATIO_MAX[$b]}x, and < $q (per-WR releases)" \
+        "$(awk -v ok="$(le "$rb" "${BATCHED_RATIO_MAX[$b]}")" -v qb="$qb" -v q="$q" 'BEGIN { print (ok == 1 && qb < q ? 1 : 0) }')"
 done
 line=$("$bin/sqd_bench" sqdisc -P null -b 8 -s 1 -n "$N")
 c=$(kv cqes_per_wr "$line")
