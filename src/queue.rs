@@ -1170,7 +1170,34 @@ impl QueueShared {
         let seq = a.start_seq();
         let mut w = first;
         let mut last = first;
-        let next = loop {
+        let next = 'walk: loop {
+            // The WRs the policy leaves unsignaled, until one the ULP signals: the checks, the slot and the token
+            // for each, nothing of the policy.
+            let (quiet, token) = a.quiet_run();
+            let mut k = 0;
+            for cell in quiet {
+                let shape = w.shape();
+                let Some(op) = plain_wc_opcode(&shape, &self.limits) else {
+                    a.quiet_done(k);
+                    break 'walk Some(w);
+                };
+                if shape.send_flags & SEND_SIGNALED != 0 {
+                    break;
+                }
+                cell.set(Slot::new(w.wr_id(), op, 0));
+                w.set_wr_id(token + k as u64);
+                k += 1;
+                last = w;
+                match w.next() {
+                    Some(x) => w = x,
+                    None => {
+                        a.quiet_done(k);
+                        break 'walk None;
+                    }
+                }
+            }
+            a.quiet_done(k);
+            // The WR the policy signals next, one the ULP signals, or the end of the admission's room.
             let shape = w.shape();
             let Some(op) = plain_wc_opcode(&shape, &self.limits) else { break Some(w) };
             let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
