@@ -18,6 +18,8 @@
  *   sqdisc         sqd_post_send + sqd_cq_poll on a managed queue (signal_interval 0 = D/4, backlog D) with a
  *                  release callback that counts.
  *   sqdisc-batch   the same with a batch release callback (sqd_queue_set_release_batch) that counts.
+ *   sqdisc-lean    sqdisc-batch on a queue that leaves posted WRs as posted (SQD_QUEUE_NO_RESTORE): the loop
+ *                  fills every WR before each post anyway.
  *
  * Each run first posts a warm-up (-w WRs), then the measured part (-n WRs), then drains and frees everything.
  * Instructions per WR come from two callgrind runs of different -n, subtracted (the scripts do that). The
@@ -53,8 +55,15 @@
 #define MAX_SGES 16
 #define WC_MAX 32
 
-enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH };
-static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc", "scale", "memory", "sqdisc-batch"};
+enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN };
+static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc",      "scale",
+                                         "memory",     "sqdisc-batch",  "sqdisc-lean"};
+
+/* The posters that run sqdisc_run. */
+static int is_sqdisc_poster(enum mode m)
+{
+    return m == SQDISC || m == SQDISC_BATCH || m == SQDISC_LEAN;
+}
 
 enum provider { SIM, NULL_PROVIDER };
 
@@ -182,7 +191,7 @@ static void setup(struct bench *b)
     b->q = calloc(b->queues, sizeof *b->q);
     if (!b->qps || !b->q)
         DIE("out of memory");
-    int managed = b->mode == SQDISC || b->mode == SQDISC_BATCH || b->mode == SCALE || b->mode == MEMORY;
+    int managed = is_sqdisc_poster(b->mode) || b->mode == SCALE || b->mode == MEMORY;
     unsigned long long first_allocs = 0, last_allocs = 0;
     long long first_heap = 0, last_heap = 0;
     if (managed && sqd_cq_new(b->cq, &b->scq))
@@ -218,11 +227,12 @@ static void setup(struct bench *b)
             .backlog_depth = b->backlog,
             .release = on_release,
             .release_ctx = b,
+            .flags = b->mode == SQDISC_LEAN ? SQD_QUEUE_NO_RESTORE : 0,
         };
         struct allocs before = allocs_now();
         if (sqd_queue_new(b->scq, NULL, b->qps[i], &qa, &b->q[i]))
             DIE("sqd_queue_new #%u", i);
-        if (b->mode == SQDISC_BATCH && sqd_queue_set_release_batch(b->q[i], on_release_batch, b))
+        if ((b->mode == SQDISC_BATCH || b->mode == SQDISC_LEAN) && sqd_queue_set_release_batch(b->q[i], on_release_batch, b))
             DIE("sqd_queue_set_release_batch: %s", sqd_last_error());
         if (b->mode == MEMORY && (i == 0 || i + 1 == b->queues)) {
             struct allocs after = allocs_now();
@@ -446,7 +456,8 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     case RAW_SIGNAL: raw_signal_run(b, wrs); break;
     case RAW_MODERATED: raw_moderated_run(b, wrs); break;
     case SQDISC:
-    case SQDISC_BATCH: sqdisc_run(b, wrs); break;
+    case SQDISC_BATCH:
+    case SQDISC_LEAN: sqdisc_run(b, wrs); break;
     case SCALE: scale_run(b, wrs); break;
     case MEMORY: break;
     }
@@ -462,6 +473,7 @@ static void drain(struct bench *b)
     case RAW_MODERATED: raw_moderated_drain(b); break;
     case SQDISC:
     case SQDISC_BATCH:
+    case SQDISC_LEAN:
         for (int i = 0; b->completed < b->posted; i++) {
             if (i > 1000)
                 DIE("sqdisc did not release every WR");
@@ -498,10 +510,10 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|sqdisc-batch|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|sqdisc-batch|sqdisc-lean|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
             "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]");
     int found = 0;
-    for (int m = RAW_SIGNAL; m <= SQDISC_BATCH; m++)
+    for (int m = RAW_SIGNAL; m <= SQDISC_LEAN; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
             b.mode = (enum mode)m;
             found = 1;
@@ -569,7 +581,7 @@ int main(int argc, char **argv)
     memset(&q0, 0, sizeof q0);
     memset(&q1, 0, sizeof q1);
     s0 = provider_stats(&b);
-    if (b.mode == SQDISC || b.mode == SQDISC_BATCH)
+    if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q0);
     uint64_t cqes0 = scale_cqes;
     struct allocs a0 = allocs_now();
@@ -578,7 +590,7 @@ int main(int argc, char **argv)
     double t1 = now_ns();
     struct allocs a1 = allocs_now();
     s1 = provider_stats(&b);
-    if (b.mode == SQDISC || b.mode == SQDISC_BATCH)
+    if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q1);
     uint64_t polled = scale_cqes - cqes0;
 
@@ -600,7 +612,7 @@ int main(int argc, char **argv)
         free(per);
     }
     drain(&b);
-    if (b.mode == SQDISC || b.mode == SQDISC_BATCH) {
+    if (is_sqdisc_poster(b.mode)) {
         struct sqd_queue_stats q;
         sqd_queue_stats(b.q[0], &q);
         if (q.released != q.accepted || q.released != b.posted)
@@ -614,7 +626,7 @@ int main(int argc, char **argv)
     printf(" wqes=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64 " cqes_per_wr=%.5f doorbells_per_wr=%.5f",
            s1.wqes - s0.wqes, s1.cqes - s0.cqes, s1.doorbells - s0.doorbells, (double)(s1.cqes - s0.cqes) / n,
            (double)(s1.doorbells - s0.doorbells) / n);
-    if (b.mode == SQDISC || b.mode == SQDISC_BATCH)
+    if (is_sqdisc_poster(b.mode))
         printf(" q_send_cqes=%" PRIu64 " q_doorbells=%" PRIu64 " q_markers=%" PRIu64 " q_parked=%" PRIu64
                " q_signaled_by_policy=%" PRIu64,
                q1.send_cqes - q0.send_cqes, q1.doorbells - q0.doorbells, q1.markers - q0.markers,

@@ -846,9 +846,42 @@ static void stats_are_consistent(void)
     callbacks_ok(m);
 }
 
+/* SQD_QUEUE_NO_RESTORE: the WRs posted may keep the library's values, but the links, the WRs not taken (here
+ * the ones beyond the SQ and the backlog: -EAGAIN) and every release are as without the flag. */
+static void no_restore_keeps_links_and_releases(void)
+{
+    struct mq *m = rig1((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 2,
+                                      .flags = SQD_QUEUE_NO_RESTORE},
+                        64);
+    static struct chain c;
+    sends(&c, 1000, 1012, 0);
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(post(m, &c, &bad), -EAGAIN);
+    CHECK(bad == &c.wr[10]);
+    for (int i = 0; i < c.n; i++)
+        CHECK(c.wr[i].next == (i + 1 < c.n ? &c.wr[i + 1] : NULL));
+    for (int i = 10; i < 12; i++) {
+        CHECK_EQ(c.wr[i].wr_id, 1000 + i);
+        CHECK_EQ(c.wr[i].send_flags, 0);
+    }
+    int changed = 0;
+    for (int i = 0; i < 8; i++)
+        changed += c.wr[i].wr_id != (uint64_t)(1000 + i);
+    CHECK(changed > 0); /* left as posted: the flag is in effect */
+    settle(the_rig, m);
+    released_in_order(m, 1000, 10);
+    /* Unknown flag bits are still refused. */
+    struct mq *other = rig_add_mq(the_rig);
+    struct sqd_scripted_qp_caps want = {.max_send_wr = 8, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1};
+    CHECK_EQ(sqd_scripted_create_qp(the_rig->dev, the_rig->cq, the_rig->cq, &want, &other->qp), 0);
+    struct sqd_queue_attr attr = {.sq_depth = 8, .max_send_sge = 1, .flags = SQD_QUEUE_NO_RESTORE << 1};
+    EXPECT_ERR(sqd_queue_new(the_rig->scq, NULL, other->qp, &attr, &other->q), EINVAL, "unknown bits");
+}
+
 int main(void)
 {
     run("credits_and_backlog_order", credits_and_backlog_order);
+    run("no_restore_keeps_links_and_releases", no_restore_keeps_links_and_releases);
     run("eagain_names_the_first_wr_not_taken", eagain_names_the_first_wr_not_taken);
     run("signaling_is_moderated_and_bounded", signaling_is_moderated_and_bounded);
     run("signaling_one_wr_per_post", signaling_one_wr_per_post);

@@ -71,6 +71,16 @@
 #define SQD_QUEUE_VERIFY_BUFFERS 1
 
 /**
+ * `sqd_queue_attr.flags`: `sqd_post_send` may leave the WRs it posted as it posted them instead of restoring
+ * them before it returns. After a successful call their `wr_id` and `send_flags` are unspecified (the library's
+ * token, and `IBV_SEND_SIGNALED` where the signal policy added it); after a failed one, the same holds for the
+ * WRs before `*bad_wr`, while `*bad_wr` and the WRs after it are as you passed them. `next` is always as you
+ * passed it. For ULPs that fill `wr_id` and `send_flags` of every WR before each post; it saves the walk that
+ * restores the chain (about 10 instructions per WR). Releases and completions carry your wr_ids either way.
+ */
+#define SQD_QUEUE_NO_RESTORE 2
+
+/**
  * `sqd_invalidate` flag: post the LocalInv at once with `IBV_SEND_FENCE` (the Local Invalidate Fence), for
  * devices that honour it, instead of waiting for a completion that covers the earlier WRs.
  */
@@ -873,7 +883,8 @@ int32_t sqd_queue_set_release_batch(struct sqd_queue *q, sqd_release_batch_fn fn
  * to 64 per doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
  * reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
  * it is accepted: it will get exactly one release. The library owns the wr_id and may add
- * `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
+ * `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns (on a queue with
+ * `SQD_QUEUE_NO_RESTORE`, only its links and the WRs not accepted are).
  *
  * Until its release, a WR's data buffers, lkeys and MRs must stay valid and unchanged: the HCA may read them
  * again for a retransmission.

@@ -41,6 +41,12 @@ pub struct QueueConfig {
     /// its release; a difference is reported in the release (`SQD_COMPLETION_BUFFER_MODIFIED`) and counted.
     /// The bytes must stay readable until the release (as rule 3 requires anyway). For debug and canary builds.
     pub verify_buffers: bool,
+    /// Leave the WRs a post call posted as it posted them instead of restoring them before it returns: after a
+    /// successful call, their `wr_id` and `send_flags` are unspecified (the library's token; `IBV_SEND_SIGNALED`
+    /// where the policy added it); after a failed one, the same for the WRs before the one it names, and that
+    /// one and the rest are as the ULP passed them. `next` is always restored. For ULPs that fill every WR
+    /// before each post: the walk that restores a posted chain is skipped.
+    pub no_restore: bool,
 }
 
 /// What `defer` runs once every WR accepted before it is released.
@@ -231,6 +237,8 @@ pub(crate) struct QueueShared {
     /// The queue verifies buffers (`QueueState::verify` is set): fixed at creation, so that the release loop
     /// is chosen once per call and the loop without the verifier tests nothing of it per release.
     verifying: bool,
+    /// `QueueConfig::no_restore`: fixed at creation.
+    no_restore: bool,
     release: Option<ReleaseHandler>,
     /// The batch handler (`Queue::set_release_batch`), set at most once.
     batcher: std::cell::OnceCell<Batcher>,
@@ -480,6 +488,7 @@ impl Queue {
             ledger: storage_send.ledger().clone(),
             managed_recv: storage.recv.is_some(),
             verifying: verify.is_some(),
+            no_restore: c.no_restore,
             qp,
             limits,
             send_cq: send_cq.shared.clone(),
@@ -523,7 +532,8 @@ impl Queue {
 
     /// Hands a chain of send WRs to the queue. Each WR, in order, is checked, then posted (with the library's
     /// wr_id and, when the policy says so, `IBV_SEND_SIGNALED`) or parked in the backlog; the WRs posted by one
-    /// call go to the provider in runs of up to 64 per doorbell. The chain is restored exactly before the call returns.
+    /// call go to the provider in runs of up to 64 per doorbell. The chain is restored exactly before the call returns
+    /// (with [`QueueConfig::no_restore`], only its links and the WRs not accepted are).
     ///
     /// On failure, the WRs before `bad` were accepted and `bad` and the rest were not. Atomics whose SGEs are not
     /// exactly 8 bytes or whose remote address is not 8-byte aligned, and BIND_MWs without a window, are refused
@@ -996,9 +1006,11 @@ impl QueueShared {
         }
         let r = self.qp.post_chain(w);
         st.doorbells += 1;
-        w.set_wr_id(wr_id);
-        if added {
-            w.set_send_flags(send_flags);
+        if !self.no_restore || r.is_err() {
+            w.set_wr_id(wr_id);
+            if added {
+                w.set_send_flags(send_flags);
+            }
         }
         match r {
             Ok(()) => Ok(()),
@@ -1233,7 +1245,10 @@ impl QueueShared {
         run.last.set_next(None);
         let r = self.qp.post_chain(run.first);
         st.doorbells += 1;
-        if run.len == 1 {
+        if self.no_restore && r.is_ok() {
+            // Every WR of the run was posted: only the link the run was cut at goes back.
+            run.last.set_next(cut);
+        } else if run.len == 1 {
             // A post of one WR: its slot, its link and at most its own flag.
             let w = run.first;
             w.set_wr_id(st.send.slot(run.seq).wr_id);

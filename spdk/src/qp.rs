@@ -218,6 +218,8 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             // SPDK never has more than max_send_wr WRs outstanding, so this is room for all it can post.
             backlog_depth: init.cap.max_send_wr,
             verify_buffers: verify_buffers(),
+            // SPDK sets a request's WRs up once and posts them again: they must come back as they were.
+            no_restore: false,
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));

@@ -48,7 +48,14 @@ pub type DeferFn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
 /// the release and counts in `sqd_queue_stats.verify_mismatches`. The bytes must stay readable until the
 /// release. Costs about a cycle per byte twice; for debug and canary builds.
 pub const SQD_QUEUE_VERIFY_BUFFERS: u32 = 1;
-const QUEUE_FLAGS: u32 = SQD_QUEUE_VERIFY_BUFFERS;
+/// `sqd_queue_attr.flags`: `sqd_post_send` may leave the WRs it posted as it posted them instead of restoring
+/// them before it returns. After a successful call their `wr_id` and `send_flags` are unspecified (the library's
+/// token, and `IBV_SEND_SIGNALED` where the signal policy added it); after a failed one, the same holds for the
+/// WRs before `*bad_wr`, while `*bad_wr` and the WRs after it are as you passed them. `next` is always as you
+/// passed it. For ULPs that fill `wr_id` and `send_flags` of every WR before each post; it saves the walk that
+/// restores the chain (about 10 instructions per WR). Releases and completions carry your wr_ids either way.
+pub const SQD_QUEUE_NO_RESTORE: u32 = 2;
+const QUEUE_FLAGS: u32 = SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE;
 
 /// `sqd_invalidate` flag: post the LocalInv at once with `IBV_SEND_FENCE` (the Local Invalidate Fence), for
 /// devices that honour it, instead of waiting for a completion that covers the earlier WRs.
@@ -148,6 +155,7 @@ pub extern "C" fn sqd_queue_new(
             signal_interval: attr.signal_interval,
             backlog_depth: attr.backlog_depth,
             verify_buffers: attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0,
+            no_restore: attr.flags & SQD_QUEUE_NO_RESTORE != 0,
         };
         // SAFETY: the C caller promises `release` may be called with `release_ctx` while the queue exists.
         let release = attr.release.map(|f| ReleaseHandler::Foreign(unsafe { ForeignRelease::new(f, attr.release_ctx) }));
@@ -243,7 +251,8 @@ pub extern "C" fn sqd_queue_set_release_batch(q: *mut sqd_queue, r#fn: ReleaseBa
 /// to 64 per doorbell) or, when the SQ has no free slot, copied into the backlog (WR, SGE list and inline data: you may
 /// reuse the structs and inline buffers at once) to be posted in order as completions free slots. Either way
 /// it is accepted: it will get exactly one release. The library owns the wr_id and may add
-/// `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns.
+/// `IBV_SEND_SIGNALED`; your chain is restored exactly before the call returns (on a queue with
+/// `SQD_QUEUE_NO_RESTORE`, only its links and the WRs not accepted are).
 ///
 /// Until its release, a WR's data buffers, lkeys and MRs must stay valid and unchanged: the HCA may read them
 /// again for a retransmission.

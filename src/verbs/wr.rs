@@ -1,7 +1,8 @@
 //! Borrowed WR chains: the ULP's `ibv_send_wr` / `ibv_recv_wr` lists for the duration of one post call.
 //!
 //! The queue rewrites a WR's `wr_id` and `send_flags`, and cuts the chain with `next`, while it posts; it puts
-//! every field back before the call returns, so the ULP finds its chain exactly as it passed it.
+//! every field back before the call returns, so the ULP finds its chain exactly as it passed it (a queue with
+//! `QueueConfig::no_restore` puts back only the links, and the WRs it did not accept).
 
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};

@@ -196,6 +196,8 @@ struct Slot {
     recv_key: u32,
     next_id: u64,
     next_recv: u64,
+    /// The queue leaves the WRs it posted as posted (`QueueConfig::no_restore`).
+    no_restore: bool,
     /// Something made failures legitimate (a fault, an overrun of its CQ, an SRQ error, set_error).
     tainted: bool,
     /// Packets of its connection can be lost (random loss, or a loss fault on it): then the transport may give
@@ -505,6 +507,8 @@ impl World {
             signal_interval: interval as u32,
             backlog_depth: backlog as u32,
             verify_buffers: verify,
+            // A third of the queues leave their WRs as posted: the runner builds every WR afresh for its post.
+            no_restore: i % 3 == 2,
         };
         let buf = Rc::new(Buf::new((PROBE_OFF + CHUNK) as usize, 0));
         let recv_buf = Rc::new(Buf::new((2 * RQ_DEPTH * RECV_LEN) as usize, 0));
@@ -583,6 +587,7 @@ impl World {
             recv_key,
             next_id: 0,
             next_recv: 0,
+            no_restore: i % 3 == 2,
             tainted: false,
             lossy: self.dev.config().loss_ppm > 0 || self.dev.config().ack_loss_ppm > 0,
             drained: false,
@@ -729,6 +734,7 @@ impl World {
             }
         }
         let q = s.queue.as_ref().unwrap();
+        let no_restore = s.no_restore;
         let before: Vec<(u64, u32)> = ws.iter().map(|w| (w.wr.wr_id, w.wr.send_flags)).collect();
         // Accepted WRs are recorded before the call: a release may come from inside it (a failed queue, at
         // once). The refused suffix is taken back after.
@@ -748,7 +754,13 @@ impl World {
             }
         };
         let after: Vec<(u64, u32)> = ws.iter().map(|w| (w.wr.wr_id, w.wr.send_flags)).collect();
-        ensure!(before == after, "queue {i}: the chain was not restored: {before:?} -> {after:?}");
+        // A queue that leaves WRs as posted owes the WRs it did not take, and every link, as they were.
+        let kept = if no_restore { taken } else { 0 };
+        ensure!(before[kept..] == after[kept..], "queue {i}: the chain was not restored: {before:?} -> {after:?}");
+        for (k, w) in ws.iter().enumerate() {
+            let want = ws.get(k + 1).map_or(std::ptr::null(), |n| &n.wr as *const _);
+            ensure!(std::ptr::eq(w.wr.next, want), "queue {i}: the link after WR {k} of the chain was not restored");
+        }
         let mut b = s.book.borrow_mut();
         let refused = &pend[taken..];
         for p in refused.iter().rev() {
