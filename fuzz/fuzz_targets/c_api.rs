@@ -12,19 +12,21 @@
 //!
 //! Checked after every call: the result is 0, a count, or a negative errno of the documented set, and a
 //! failure leaves a new, non-empty `sqd_last_error()`. Checked along the way: releases come once per accepted
-//! WR, in post order per queue, per WR or in non-empty batches alike, and the statuses of a queue's sends are
-//! successes, then at most one error, then flushes; a deferred action runs once, when what it waits for is
-//! released; `*bad_wr` and the ULP's chain after `sqd_post_send` (with `SQD_QUEUE_NO_RESTORE`, of the accepted
-//! WRs only the links); frees refuse exactly while something is outstanding; completions
-//! returned for a managed QP carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked
-//! at the end, after teardown (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once, the queues'
-//! counters agree, every object frees, and, when the program told the library only the truth, the device saw
-//! no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic anywhere
-//! aborts.
+//! WR, in post order per queue, per WR or in non-empty batches alike; the statuses of a queue's sends are
+//! successes, then at most one error, then flushes, and each agrees with the WR's completion when `sqd_cq_poll`
+//! or `sqd_cq_arm` returns one; `sqd_queue_set_release_batch` refuses a second call, a queue without `release`
+//! and calls from the queue's own callbacks; a deferred action runs once, when what it waits for is released;
+//! `*bad_wr` and the ULP's chain after `sqd_post_send` (with `SQD_QUEUE_NO_RESTORE`, of the accepted WRs only
+//! the links); frees refuse exactly while something is outstanding; completions returned for a managed QP
+//! carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown
+//! (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once,
+//! the queues' counters agree, every object frees, and, when the program told the library only the truth, the
+//! device saw no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic
+//! anywhere aborts.
 #![no_main]
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CStr};
 use std::ptr::{self, null, null_mut};
 
@@ -317,6 +319,9 @@ struct Slot {
     no_restore: bool,
     /// The statuses of the queue's send releases so far (per-WR and batched alike).
     send_order: StatusOrder,
+    /// A send's status as its release or `sqd_cq_poll` gave it, whichever came first, until the other comes:
+    /// the two must agree (a batch's one status is each of its WRs' own).
+    send_statuses: HashMap<u64, SeenStatus>,
     next_seq: u64,
     sends: VecDeque<u64>,
     accepted: u64,
@@ -351,6 +356,33 @@ impl StatusOrder {
         let after = if first == IBV_WC_WR_FLUSH_ERR { "a flush" } else { "an error" };
         assert!(status != IBV_WC_SUCCESS, "slot {slot}: wr_id {wr_id:#x} released as a success after {after} ({first})");
         assert!(status == IBV_WC_WR_FLUSH_ERR, "slot {slot}: wr_id {wr_id:#x} released with error {status} after {after} ({first})");
+    }
+}
+
+/// Where a send's status was seen first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SeenStatus {
+    Released(u32),
+    Polled(u32),
+}
+
+/// A send's status, seen at its release or in a completion that `sqd_cq_poll` or `sqd_cq_arm` returned: the
+/// first sighting is kept, the second must agree with it. A WR has at most one completion the ULP sees (its
+/// own CQE: signaled, or an error or flush), and none if it was refused or released as never posted.
+fn see_status(s: &mut Slot, slot: usize, wr_id: u64, seen: SeenStatus) {
+    use std::collections::hash_map::Entry;
+    match s.send_statuses.entry(wr_id) {
+        Entry::Vacant(e) => {
+            e.insert(seen);
+        }
+        Entry::Occupied(e) => {
+            let (released, polled) = match (*e.get(), seen) {
+                (SeenStatus::Released(r), SeenStatus::Polled(p)) | (SeenStatus::Polled(p), SeenStatus::Released(r)) => (r, p),
+                (first, _) => panic!("slot {slot}: wr_id {wr_id:#x} seen twice: {first:?}, then {seen:?}"),
+            };
+            assert_eq!(released, polled, "slot {slot}: wr_id {wr_id:#x} released with status {released}, its completion has {polled}");
+            e.remove();
+        }
     }
 }
 
@@ -492,6 +524,7 @@ fn release_send(s: &mut Slot, slot: usize, wr_id: u64, status: u32, refused: boo
     s.released += 1;
     if !refused {
         s.send_order.next(slot, wr_id, status);
+        see_status(s, slot, wr_id, SeenStatus::Released(status));
     }
 }
 
@@ -1077,7 +1110,7 @@ fn check_wcs(wcs: &[ibv_wc]) {
     let w = world();
     for c in wcs {
         for (i, slot) in w.slots.iter().enumerate() {
-            let s = slot.borrow();
+            let mut s = slot.borrow_mut();
             // SAFETY: the QPs live until the device is freed at the end of the program.
             if s.q.is_null() || s.tainted || s.qp.is_null() || unsafe { (*s.qp).qp_num } != c.qp_num {
                 continue;
@@ -1090,6 +1123,9 @@ fn check_wcs(wcs: &[ibv_wc]) {
                 c.wr_id,
                 c.status
             );
+            if kind == KIND_SEND && !s.blind {
+                see_status(&mut s, i, c.wr_id, SeenStatus::Polled(c.status));
+            }
         }
     }
 }
@@ -1352,6 +1388,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     s.verifies = attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0;
     s.no_restore = attr.flags & SQD_QUEUE_NO_RESTORE != 0;
     s.send_order = StatusOrder::default();
+    s.send_statuses.clear();
     s.accepted = 0;
     s.released = 0;
     s.next_seq += 1;
