@@ -74,6 +74,12 @@ null_section() {
     done
 
     ratio2() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+    # The target column for ratio $2 at batch $1, and whether $3 instructions per WR are fewer than $4's
+    # (signal-every-WR; no target at batch 1).
+    target_cell() { echo "<= ${NULL_TARGET[$1]} ($(awk -v r="$2" -v t="${NULL_TARGET[$1]}" 'BEGIN { print (r <= t ? "met" : "not met") }'))"; }
+    fewer_cell() {
+        if [ "$1" = 1 ]; then echo "(no target)"; else awk -v q="$2" -v a="$3" 'BEGIN { print (q < a ? "yes" : "no") }'; fi
+    }
     local hp=${prov[raw-moderated/32]} hp1=${prov[raw-moderated/1]}
 
     echo "### sqdisc on a null provider"
@@ -89,14 +95,9 @@ null_section() {
     echo "| batch | hand-moderated raw | signal-every-WR raw | sqdisc | sqdisc / hand-mod | target | sqdisc < signal-every-WR |"
     echo "|---:|---:|---:|---:|---:|---:|---|"
     for b in "${batches[@]}"; do
-        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} q=${ins[sqdisc/$b]} r less
+        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} q=${ins[sqdisc/$b]} r
         r=$(ratio2 "$q" "$m")
-        if [ "$b" = 1 ]; then
-            less="(no target)"
-        else
-            less=$(awk -v q="$q" -v a="$a" 'BEGIN { print (q < a ? "yes" : "no") }')
-        fi
-        echo "| $b | $m | $a | **$q** | **$r** | <= ${NULL_TARGET[$b]} ($(awk -v r="$r" -v t="${NULL_TARGET[$b]}" 'BEGIN { print (r <= t ? "met" : "not met") }')) | $less |"
+        echo "| $b | $m | $a | **$q** | **$r** | $(target_cell "$b" "$r") | $(fewer_cell "$b" "$q" "$a") |"
     done
     echo
     echo "The same workload with the two opt-in options of the API that cut per-WR work: batched releases"
@@ -107,15 +108,9 @@ null_section() {
     echo "| batch | sqdisc, batched releases | / hand-mod | sqdisc, batched releases + NO_RESTORE | / hand-mod | target | the lean one < signal-every-WR |"
     echo "|---:|---:|---:|---:|---:|---:|---|"
     for b in "${batches[@]}"; do
-        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} qb=${ins[sqdisc-batch/$b]} ql=${ins[sqdisc-lean/$b]} rb rl less
-        rb=$(ratio2 "$qb" "$m")
+        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} qb=${ins[sqdisc-batch/$b]} ql=${ins[sqdisc-lean/$b]} rl
         rl=$(ratio2 "$ql" "$m")
-        if [ "$b" = 1 ]; then
-            less="(no target)"
-        else
-            less=$(awk -v q="$ql" -v a="$a" 'BEGIN { print (q < a ? "yes" : "no") }')
-        fi
-        echo "| $b | $qb | $rb | **$ql** | **$rl** | <= ${NULL_TARGET[$b]} ($(awk -v r="$rl" -v t="${NULL_TARGET[$b]}" 'BEGIN { print (r <= t ? "met" : "not met") }')) | $less |"
+        echo "| $b | $qb | $(ratio2 "$qb" "$m") | **$ql** | **$rl** | $(target_cell "$b" "$rl") | $(fewer_cell "$b" "$ql" "$a") |"
     done
     echo
     echo "| batch | the provider's own instr/WR: hand-mod · signal-every-WR · sqdisc · batched · lean | CQEs/WR: hand-mod · signal-every-WR · sqdisc · batched · lean | heap allocations/WR: hand-mod · signal-every-WR · sqdisc · batched · lean |"

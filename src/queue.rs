@@ -10,6 +10,7 @@ use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
+use crate::discipline::ring::copy_alike_wr_ids;
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome, SendLedger};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
@@ -1650,30 +1651,20 @@ impl QueueShared {
             if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
                 return;
             }
-            // Two slots release alike if their second words agree but for the opcode and the flags; the flags
-            // that do matter (a marker's, an operation's) end the batch.
-            const SAME: u64 = !0xffff;
-            let key = first.meta() & SAME;
-            let mut last_meta = first.meta();
-            let mut count = 0usize;
-            {
+            // The batch: the slots from the first that release as it does but for the wr_id, the opcode and
+            // whether it was implied; a run that goes on past the ring's end goes on at its start.
+            let count = {
                 let mut wr_ids = b.wr_ids.borrow_mut();
                 let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
-                'gather: for (part, out) in [(first_part, out_first), (wrapped, out_wrapped)] {
-                    for (slot, out) in part.iter().zip(out.iter_mut()) {
-                        let slot = slot.get();
-                        if slot.meta() != last_meta {
-                            if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 || slot.meta() & SAME != key {
-                                break 'gather;
-                            }
-                            last_meta = slot.meta();
-                        }
-                        *out = slot.wr_id;
-                        count += 1;
-                    }
+                let k = copy_alike_wr_ids(first_part, out_first, first.meta());
+                if k == first_part.len() && !wrapped.is_empty() {
+                    k + copy_alike_wr_ids(wrapped, out_wrapped, first.meta())
+                } else {
+                    k
                 }
-            }
+            };
             ledger.set_released(tail + count as u64, released + count as u64);
+            // Borrowed for reading only during the call: the handler may read the queue's footprint.
             let wr_ids = b.wr_ids.borrow();
             (b.handler)(&ReleaseBatch { wr_ids: &wr_ids[..count], status: first.status() as u32, vendor_err: first.vendor_err() });
             debug_assert_eq!(

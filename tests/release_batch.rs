@@ -160,6 +160,48 @@ fn a_batch_handler_sees_its_batch_released_and_may_post() {
     assert!(rig.log.borrow().is_empty());
 }
 
+/// A batch handler may post into the slots its own batch held (they are free once the batch is released): the
+/// wr_ids it was handed stay as they were for the whole call, even when its posts take every free slot of an SQ
+/// whose depth is the ring's capacity.
+#[test]
+fn a_batch_keeps_its_wr_ids_while_its_handler_fills_the_sq() {
+    let rig = Rc::new(Rig::new(config(8, 4, 0), 256));
+    // Per batch: its wr_ids on entry, the same slice read again after the handler's posts, and how many it posted.
+    type Calls = Rc<RefCell<Vec<(Vec<u64>, Vec<u64>, u32)>>>;
+    let seen: Calls = Rc::default();
+    let next_id = Rc::new(std::cell::Cell::new(100u64));
+    let (s, r, next) = (seen.clone(), Rc::downgrade(&rig), next_id.clone());
+    rig.q()
+        .set_release_batch(Box::new(move |b: &ReleaseBatch<'_>| {
+            let rig = r.upgrade().unwrap();
+            let on_entry = b.wr_ids.to_vec();
+            let credits = if b.wr_ids[0] < 100 { rig.q().stats().credits } else { 0 };
+            if credits > 0 {
+                let first = next.get();
+                next.set(first + credits as u64);
+                rig.post(&mut Chain::sends(first..first + credits as u64, 0)).unwrap();
+            }
+            s.borrow_mut().push((on_entry, b.wr_ids.to_vec(), credits));
+        }))
+        .unwrap();
+    rig.post(&mut Chain::sends(0..8, 0)).unwrap();
+    for _ in 0..10 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    let seen = seen.borrow();
+    assert!(seen.iter().any(|(_, _, posted)| *posted > 0), "the handler posted: {seen:?}");
+    for (on_entry, after, posted) in seen.iter() {
+        assert_eq!(on_entry, after, "the batch changed under its handler, which posted {posted} WRs");
+    }
+    let ids: Vec<u64> = seen.iter().flat_map(|(ids, _, _)| ids.iter().copied()).collect();
+    let mut want: Vec<u64> = (0..8).collect();
+    want.extend(100..next_id.get());
+    assert_eq!(ids, want, "every WR released once, in post order: {seen:?}");
+    assert!(rig.log.borrow().is_empty());
+    assert_eq!(rig.q().stats().released, want.len() as u64);
+}
+
 #[test]
 fn set_release_batch_refuses_what_it_cannot_honour() {
     // No per-WR handler: the releases a batch cannot carry would have nowhere to go.

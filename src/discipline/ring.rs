@@ -85,6 +85,43 @@ impl Slot {
     }
 }
 
+/// The bits of a slot's second word on which two slots must agree for their releases to share a batch
+/// (`Queue::set_release_batch`): the status, the vendor error, and the flags of a slot never released as one of
+/// the ULP's WRs (`Slot::INTERNAL`, `Slot::OP`). Two slots without those flags that agree on them give the same
+/// completion but for the wr_id, the opcode and whether it was implied.
+const BATCH_KEY: u64 = !0xffff | ((Slot::INTERNAL | Slot::OP) as u64) << 8;
+
+/// Copies to `out` (at least as long as `slots`) the wr_ids of the slots from the first up to the first whose
+/// second word's `BATCH_KEY` bits differ from `like`'s; returns how many it copied. Eight slots at a time
+/// while all eight match (their second words compared with `like` whole, which most are equal to, and only if
+/// one is not, under the key; then their wr_ids copied), then one at a time.
+#[inline(always)]
+pub fn copy_alike_wr_ids(slots: &[Cell<Slot>], out: &mut [u64], like: u64) -> usize {
+    let key = like & BATCH_KEY;
+    let out = &mut out[..slots.len()];
+    let mut n = 0;
+    for (chunk, out) in slots.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        if !chunk.iter().all(|s| s.get().meta == like)
+            && chunk.iter().any(|s| s.get().meta & BATCH_KEY != key)
+        {
+            break;
+        }
+        for (s, out) in chunk.iter().zip(out) {
+            *out = s.get().wr_id;
+        }
+        n += 8;
+    }
+    for (s, out) in slots[n..].iter().zip(&mut out[n..]) {
+        let s = s.get();
+        if s.meta & BATCH_KEY != key {
+            break;
+        }
+        *out = s.wr_id;
+        n += 1;
+    }
+    n
+}
+
 /// The ring's fields are cells: the release loop reads and advances it between release callbacks without
 /// holding a borrow of the rest of the queue's state (a callback may post, which pushes at `head`; only the
 /// release loop moves `tail`).
@@ -300,6 +337,52 @@ mod tests {
         r.complete_through(b, 0, 0);
         let (seq, covered) = r.pop_done().unwrap();
         assert_eq!((seq, covered.wr_id, covered.status(), covered.vendor_err(), covered.has(Slot::OWN_CQE)), (a, 1, 0, 0, false));
+    }
+
+    /// `copy_alike_wr_ids` stops where a slot by slot walk would, whatever the length and wherever the first
+    /// slot that does not belong (same opcode and flags but another status or vendor error, or an `INTERNAL` or
+    /// `OP` flag, or nothing but another opcode and flags, which belongs), and copies exactly those wr_ids.
+    #[test]
+    fn copy_alike_wr_ids_stops_where_the_run_does() {
+        let like = Slot::new(0, 2, 0).meta;
+        let unlike = |kind: usize| {
+            let mut s = Slot::new(0, 2, 0);
+            match kind {
+                0 => s.set_status(5),
+                1 => s.set_vendor_err(9),
+                2 => s.add_flags(Slot::INTERNAL),
+                _ => s.add_flags(Slot::OP),
+            }
+            s.meta
+        };
+        // A slot that belongs though its second word is not `like`'s: another opcode, signaled, its own CQE.
+        let mut alike = Slot::new(0, 4, Slot::SIGNALED | Slot::ULP_SIGNALED);
+        alike.add_flags(Slot::OWN_CQE);
+        for len in 0..40usize {
+            for stop in 0..=len {
+                for kind in 0..4 {
+                    for odd in [None, Some(stop / 2), Some(stop.saturating_sub(1))] {
+                        let slots: Vec<Cell<Slot>> = (0..len)
+                            .map(|i| {
+                                let meta = if i == stop {
+                                    unlike(kind)
+                                } else if Some(i) == odd && i < stop {
+                                    alike.meta
+                                } else {
+                                    like
+                                };
+                                Cell::new(Slot { wr_id: 1000 + i as u64, meta })
+                            })
+                            .collect();
+                        let mut out = vec![0u64; len];
+                        let n = copy_alike_wr_ids(&slots, &mut out, like);
+                        let want = (0..len).take_while(|&i| i != stop).count();
+                        assert_eq!(n, want, "len {len} stop {stop} kind {kind} odd {odd:?}");
+                        assert_eq!(out[..n], (0..n as u64).map(|i| 1000 + i).collect::<Vec<_>>()[..]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
