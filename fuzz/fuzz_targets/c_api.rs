@@ -280,6 +280,11 @@ const KIND_INV: u64 = 3;
 const KIND_SRQ: u64 = 4;
 /// The slot field of SRQ receives' wr_ids (queue slots are 0..NQ).
 const SRQ_SLOT: usize = 0xf;
+/// The most SGE checksums (`sq_depth + backlog_depth` times `max_send_sge`) a queue made with
+/// `SQD_QUEUE_VERIFY_BUFFERS` may need; a queue that would need more is made without it. The library allocates
+/// them at creation (24 bytes each, rounded up to a power of two of WRs), and one queue near the limits would
+/// take more memory than libFuzzer allows the whole run (2 GB).
+const MAX_VERIFY_CHECKSUMS: u64 = 1 << 21;
 /// The bit of `AttrSpec::flags` that makes `new_queue` set a batch release callback on the queue it made.
 const ATTR_BATCH: u32 = 0x80;
 /// The bit of `Op::SetReentry`'s slot that sets a batch release callback on the live queue (also later than
@@ -1338,6 +1343,11 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     let sge = a.sge.get(caps.2);
     let inline = a.inline.get(caps.3);
     let rq = if a.manage_recv { a.rq.get(caps.1) } else { 0 };
+    let mut flags = if a.any_flags { a.flags } else { a.flags & (SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE) };
+    let checksums = u64::from(sq.saturating_add(u32::from(a.backlog))) * u64::from(sge.max(1));
+    if checksums > MAX_VERIFY_CHECKSUMS {
+        flags &= !SQD_QUEUE_VERIFY_BUFFERS;
+    }
     let attr = sqd_queue_attr {
         sq_depth: sq,
         max_send_sge: sge,
@@ -1347,7 +1357,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         backlog_depth: u32::from(a.backlog),
         release: if a.no_release { None } else { Some(on_release) },
         release_ctx: slot as *mut c_void,
-        flags: if a.any_flags { a.flags } else { a.flags & (SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE) },
+        flags,
         srq,
     };
     let mut out: *mut sqd_queue = ptr::dangling_mut();
