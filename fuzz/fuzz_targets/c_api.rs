@@ -5,23 +5,28 @@
 //! with good and bad attributes, WR chains with bad opcodes, flags, SGE counts, NULL SGE lists, overlong inline
 //! data and up to 256 WRs, receives, polls and arms with odd `max` values, drains, frees (that must succeed or
 //! must return -EBUSY), deferred actions, invalidations, MR tracking, async events of every type, NULL and
-//! malformed arguments, and calls made again from inside release callbacks; on the software HCA also a managed
-//! SRQ that some QPs receive from (posted to, released, failed, freed in every order). Every call goes through
-//! the symbols declared by include/*.h.
+//! malformed arguments, and calls made again from inside release callbacks; queues with a batch release
+//! callback (`sqd_queue_set_release_batch`, set at creation or later) and queues made with
+//! `SQD_QUEUE_NO_RESTORE`; on the software HCA also a managed SRQ that some QPs receive from (posted to,
+//! released, failed, freed in every order). Every call goes through the symbols declared by include/*.h.
 //!
 //! Checked after every call: the result is 0, a count, or a negative errno of the documented set, and a
 //! failure leaves a new, non-empty `sqd_last_error()`. Checked along the way: releases come once per accepted
-//! WR, in post order per queue; a deferred action runs once, when what it waits for is released; `*bad_wr`
-//! and the ULP's chain after `sqd_post_send`; frees refuse exactly while something is outstanding; completions
-//! returned for a managed QP carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked
-//! at the end, after teardown (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once, the queues'
-//! counters agree, every object frees, and, when the program told the library only the truth, the device saw
-//! no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic anywhere
-//! aborts.
+//! WR, in post order per queue, per WR or in non-empty batches alike; the statuses of a queue's sends are
+//! successes, then at most one error, then flushes, and each agrees with the WR's completion when `sqd_cq_poll`
+//! or `sqd_cq_arm` returns one; `sqd_queue_set_release_batch` refuses a second call, a queue without `release`
+//! and calls from the queue's own callbacks; a deferred action runs once, when what it waits for is released;
+//! `*bad_wr` and the ULP's chain after `sqd_post_send` (with `SQD_QUEUE_NO_RESTORE`, of the accepted WRs only
+//! the links); frees refuse exactly while something is outstanding; completions returned for a managed QP
+//! carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown
+//! (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once,
+//! the queues' counters agree, every object frees, and, when the program told the library only the truth, the
+//! device saw no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic
+//! anywhere aborts.
 #![no_main]
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CStr};
 use std::ptr::{self, null, null_mut};
 
@@ -141,6 +146,8 @@ struct AttrSpec {
     manage_recv: bool,
     signal_interval: Num,
     backlog: u8,
+    /// `attr.flags`: bits 0 and 1 (`SQD_QUEUE_VERIFY_BUFFERS`, `SQD_QUEUE_NO_RESTORE`), or all 32 bits with
+    /// `any_flags`. Bit 7 ([`ATTR_BATCH`]) is no queue flag: it gives the queue a batch release callback.
     flags: u32,
     any_flags: bool,
     send_cq: CqSel,
@@ -256,6 +263,7 @@ enum Op {
     CqFree { cq: u8 },
     CqNew { cq: u8, flags: u32 },
     DepthFor { plans: Vec<(u32, u32)>, null_plans: bool, null_out: bool },
+    /// Bit 7 of `slot` ([`SET_BATCH`]) also calls `sqd_queue_set_release_batch` on the queue, now.
     SetReentry { slot: u8, reentry: Reentry },
     SrqNew { depth: Num, low_watermark: u8, flags: u32, no_release: bool, reentry: SrqReentry },
     SrqFree,
@@ -272,6 +280,16 @@ const KIND_INV: u64 = 3;
 const KIND_SRQ: u64 = 4;
 /// The slot field of SRQ receives' wr_ids (queue slots are 0..NQ).
 const SRQ_SLOT: usize = 0xf;
+/// The most SGE checksums (`sq_depth + backlog_depth` times `max_send_sge`) a queue made with
+/// `SQD_QUEUE_VERIFY_BUFFERS` may need; a queue that would need more is made without it. The library allocates
+/// them at creation (24 bytes each, rounded up to a power of two of WRs), and one queue near the limits would
+/// take more memory than libFuzzer allows the whole run (2 GB).
+const MAX_VERIFY_CHECKSUMS: u64 = 1 << 21;
+/// The bit of `AttrSpec::flags` that makes `new_queue` set a batch release callback on the queue it made.
+const ATTR_BATCH: u32 = 0x80;
+/// The bit of `Op::SetReentry`'s slot that sets a batch release callback on the live queue (also later than
+/// its creation, with WRs outstanding; or a second time, which must be refused).
+const SET_BATCH: u8 = 0x80;
 
 fn make_id(kind: u64, slot: usize, seq: u64) -> u64 {
     kind << 60 | (slot as u64) << 56 | seq
@@ -298,6 +316,17 @@ struct Slot {
     reentry: Reentry,
     /// Made without a release callback: its releases cannot be seen, only counted by the queue.
     blind: bool,
+    /// `sqd_queue_set_release_batch` succeeded: common send releases may come in batches.
+    batched: bool,
+    /// Made with `SQD_QUEUE_VERIFY_BUFFERS`: every release goes to `release`, none in a batch.
+    verifies: bool,
+    /// Made with `SQD_QUEUE_NO_RESTORE`: of the WRs `sqd_post_send` accepted, only `next` is restored.
+    no_restore: bool,
+    /// The statuses of the queue's send releases so far (per-WR and batched alike).
+    send_order: StatusOrder,
+    /// A send's status as its release or `sqd_cq_poll` gave it, whichever came first, until the other comes:
+    /// the two must agree (a batch's one status is each of its WRs' own).
+    send_statuses: HashMap<u64, SeenStatus>,
     next_seq: u64,
     sends: VecDeque<u64>,
     accepted: u64,
@@ -310,6 +339,56 @@ struct Slot {
     on_srq: bool,
     /// The queue was made with `attr.srq`: it is attached to the managed SRQ.
     srq_attached: bool,
+}
+
+/// The order in which an RC requester completes a queue's sends, and so the order of their release statuses:
+/// successes, then at most one error, then only flushes. A WR the provider refused when the library posted it
+/// from the backlog (`SQD_COMPLETION_REFUSED`) stands outside it: the queue stays open after one.
+#[derive(Default)]
+struct StatusOrder {
+    /// The first status other than success released so far.
+    first_failure: Option<u32>,
+}
+
+impl StatusOrder {
+    fn next(&mut self, slot: usize, wr_id: u64, status: u32) {
+        let Some(first) = self.first_failure else {
+            if status != IBV_WC_SUCCESS {
+                self.first_failure = Some(status);
+            }
+            return;
+        };
+        let after = if first == IBV_WC_WR_FLUSH_ERR { "a flush" } else { "an error" };
+        assert!(status != IBV_WC_SUCCESS, "slot {slot}: wr_id {wr_id:#x} released as a success after {after} ({first})");
+        assert!(status == IBV_WC_WR_FLUSH_ERR, "slot {slot}: wr_id {wr_id:#x} released with error {status} after {after} ({first})");
+    }
+}
+
+/// Where a send's status was seen first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SeenStatus {
+    Released(u32),
+    Polled(u32),
+}
+
+/// A send's status, seen at its release or in a completion that `sqd_cq_poll` or `sqd_cq_arm` returned: the
+/// first sighting is kept, the second must agree with it. A WR has at most one completion the ULP sees (its
+/// own CQE: signaled, or an error or flush), and none if it was refused or released as never posted.
+fn see_status(s: &mut Slot, slot: usize, wr_id: u64, seen: SeenStatus) {
+    use std::collections::hash_map::Entry;
+    match s.send_statuses.entry(wr_id) {
+        Entry::Vacant(e) => {
+            e.insert(seen);
+        }
+        Entry::Occupied(e) => {
+            let (released, polled) = match (*e.get(), seen) {
+                (SeenStatus::Released(r), SeenStatus::Polled(p)) | (SeenStatus::Polled(p), SeenStatus::Released(r)) => (r, p),
+                (first, _) => panic!("slot {slot}: wr_id {wr_id:#x} seen twice: {first:?}, then {seen:?}"),
+            };
+            assert_eq!(released, polled, "slot {slot}: wr_id {wr_id:#x} released with status {released}, its completion has {polled}");
+            e.remove();
+        }
+    }
 }
 
 /// The managed SRQ and what it owes.
@@ -424,10 +503,7 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
             let front = s.recvs.pop_front();
             assert_eq!(front, Some(c.wr_id), "slot {slot}: receive released out of order or twice");
         } else {
-            assert_eq!(kind, KIND_SEND, "a send release with wr_id {:#x}", c.wr_id);
-            let front = s.sends.pop_front();
-            assert_eq!(front, Some(c.wr_id), "slot {slot}: send released out of order or twice");
-            s.released += 1;
+            release_send(&mut s, slot, c.wr_id, c.status, c.flags & SQD_COMPLETION_REFUSED != 0);
         }
         if c.flags & SQD_COMPLETION_REFUSED != 0 {
             // A parked WR the provider refused when the library posted it.
@@ -439,11 +515,73 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
         }
         s.reentry
     };
+    reenter_once(slot, reentry);
+}
+
+/// What every release of a send WR owes, whether it comes to `release` or in a batch: it is the queue's oldest
+/// outstanding WR (so each is released once, in post order), and its status keeps the queue's status order.
+fn release_send(s: &mut Slot, slot: usize, wr_id: u64, status: u32, refused: bool) {
+    let (kind, from, _) = split_id(wr_id);
+    assert_eq!(from, slot, "slot {slot} released wr_id {wr_id:#x} of another queue");
+    assert_eq!(kind, KIND_SEND, "a send release with wr_id {wr_id:#x}");
+    let front = s.sends.pop_front();
+    assert_eq!(front, Some(wr_id), "slot {slot}: send released out of order or twice");
+    s.released += 1;
+    if !refused {
+        s.send_order.next(slot, wr_id, status);
+        see_status(s, slot, wr_id, SeenStatus::Released(status));
+    }
+}
+
+unsafe extern "C" fn on_release_batch(ctx: *mut c_void, b: *const sqd_release_batch) {
+    let slot = ctx as usize;
+    // SAFETY: the library passes a batch valid for the duration of the call.
+    let b = unsafe { &*b };
+    assert!(b.count >= 1, "slot {slot}: an empty release batch");
+    assert!(!b.wr_ids.is_null(), "slot {slot}: a release batch of {} without wr_ids", b.count);
+    // SAFETY: `wr_ids` holds `count` wr_ids, valid for the duration of the call.
+    let ids = unsafe { std::slice::from_raw_parts(b.wr_ids, b.count as usize) };
+    assert!(b.status != IBV_WC_SUCCESS || b.vendor_err == 0, "slot {slot}: a batch of successes with vendor_err {:#x}", b.vendor_err);
+    let w = world();
+    let reentry = {
+        let mut s = w.slots[slot].borrow_mut();
+        assert!(s.batched, "slot {slot}: a release batch on a queue without a batch callback");
+        assert!(!s.verifies, "slot {slot}: a release batch on a queue that verifies buffers");
+        // A batch carries posted WRs only (never refused ones): each wr_id passes every check of `release`.
+        for &id in ids {
+            release_send(&mut s, slot, id, b.status, false);
+        }
+        s.reentry
+    };
+    reenter_once(slot, reentry);
+}
+
+/// From a release callback of the queue in `slot` (not from one nested in another callback's calls): the
+/// re-entrant calls the program chose for it.
+fn reenter_once(slot: usize, reentry: Reentry) {
+    let w = world();
     if w.depth.get() == 0 {
         w.depth.set(1);
         reenter(slot, reentry);
         w.depth.set(0);
     }
+}
+
+/// `sqd_queue_set_release_batch` from inside one of the queue's own callbacks (a release, a batch, a deferred
+/// action): refused (`-EINVAL` first for a queue without `release`), and nothing changes.
+fn set_release_batch_inside(slot: usize) {
+    let (q, blind) = {
+        let s = world().slots[slot].borrow();
+        (s.q, s.blind)
+    };
+    if q.is_null() {
+        return;
+    }
+    let want = if blind { -libc::EINVAL } else { -libc::EBUSY };
+    // SAFETY: `q` is live: the library is running one of its callbacks.
+    expect("sqd_queue_set_release_batch from the queue's own callback", want, || unsafe {
+        sqd_queue_set_release_batch(q, Some(on_release_batch), slot as *mut c_void)
+    });
 }
 
 unsafe extern "C" fn on_inv_done(ctx: *mut c_void, c: *const sqd_completion) {
@@ -511,6 +649,8 @@ unsafe extern "C" fn on_defer(ctx: *mut c_void) {
         assert!(s.released <= d.barrier, "slot {}: a deferred action ran late", d.slot);
     }
     s.defers -= 1;
+    drop(s);
+    set_release_batch_inside(d.slot);
 }
 
 /// Calls made again from inside a release callback.
@@ -522,6 +662,9 @@ fn reenter(slot: usize, r: Reentry) {
     };
     if q.is_null() {
         return;
+    }
+    if !matches!(r, Reentry::Nothing) {
+        set_release_batch_inside(slot);
     }
     match r {
         Reentry::Nothing => {}
@@ -611,9 +754,9 @@ fn opcode(sel: OpSel) -> u32 {
 
 fn post_send(slot: usize, specs: &[WrSpec], repeat: u8) {
     let w = world();
-    let (q, first_seq) = {
+    let (q, first_seq, no_restore) = {
         let s = w.slots[slot].borrow();
-        (s.q, s.next_seq)
+        (s.q, s.next_seq, s.no_restore)
     };
     let n = (specs.len() * usize::from(repeat.max(1))).min(MAX_CHAIN);
     if n == 0 || q.is_null() {
@@ -683,6 +826,11 @@ fn post_send(slot: usize, specs: &[WrSpec], repeat: u8) {
         at
     };
     for (i, r) in wrs.iter().enumerate() {
+        if no_restore && i < accepted {
+            // SQD_QUEUE_NO_RESTORE: of a WR the call accepted, only the link is the caller's again.
+            assert_eq!(r.next as usize, before[i].1, "sqd_post_send (SQD_QUEUE_NO_RESTORE) changed the link of WR {i}");
+            continue;
+        }
         let now = (r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge, r.opcode, r.send_flags);
         assert_eq!(now, before[i], "sqd_post_send did not restore WR {i} of the chain");
     }
@@ -967,7 +1115,7 @@ fn check_wcs(wcs: &[ibv_wc]) {
     let w = world();
     for c in wcs {
         for (i, slot) in w.slots.iter().enumerate() {
-            let s = slot.borrow();
+            let mut s = slot.borrow_mut();
             // SAFETY: the QPs live until the device is freed at the end of the program.
             if s.q.is_null() || s.tainted || s.qp.is_null() || unsafe { (*s.qp).qp_num } != c.qp_num {
                 continue;
@@ -980,6 +1128,9 @@ fn check_wcs(wcs: &[ibv_wc]) {
                 c.wr_id,
                 c.status
             );
+            if kind == KIND_SEND && !s.blind {
+                see_status(&mut s, i, c.wr_id, SeenStatus::Polled(c.status));
+            }
         }
     }
 }
@@ -1192,6 +1343,11 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     let sge = a.sge.get(caps.2);
     let inline = a.inline.get(caps.3);
     let rq = if a.manage_recv { a.rq.get(caps.1) } else { 0 };
+    let mut flags = if a.any_flags { a.flags } else { a.flags & (SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE) };
+    let checksums = u64::from(sq.saturating_add(u32::from(a.backlog))) * u64::from(sge.max(1));
+    if checksums > MAX_VERIFY_CHECKSUMS {
+        flags &= !SQD_QUEUE_VERIFY_BUFFERS;
+    }
     let attr = sqd_queue_attr {
         sq_depth: sq,
         max_send_sge: sge,
@@ -1201,7 +1357,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         backlog_depth: u32::from(a.backlog),
         release: if a.no_release { None } else { Some(on_release) },
         release_ctx: slot as *mut c_void,
-        flags: if a.any_flags { a.flags } else { a.flags & SQD_QUEUE_VERIFY_BUFFERS },
+        flags,
         srq,
     };
     let mut out: *mut sqd_queue = ptr::dangling_mut();
@@ -1212,7 +1368,8 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         return;
     }
     assert!(!out.is_null());
-    assert!(scq_i == own_s && sq >= 1 && attr.flags & !SQD_QUEUE_VERIFY_BUFFERS == 0, "sqd_queue_new accepted a bad queue");
+    let known_flags = SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE;
+    assert!(scq_i == own_s && sq >= 1 && attr.flags & !known_flags == 0, "sqd_queue_new accepted a bad queue");
     assert!(srq.is_null() || (on_srq && rq == 0 && rcq_i == own_r), "sqd_queue_new accepted a queue on an SRQ its QP does not use");
     assert!(srq.is_null() || !w.srq.as_ref().is_some_and(|m| m.retired.get()), "sqd_queue_new accepted a queue on a retired SRQ");
     assert!(!on_srq || rq == 0, "sqd_queue_new accepted managed receives for a QP on an SRQ");
@@ -1237,9 +1394,46 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     }
     s.reentry = a.reentry;
     s.blind = a.no_release;
+    s.batched = false;
+    s.verifies = attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0;
+    s.no_restore = attr.flags & SQD_QUEUE_NO_RESTORE != 0;
+    s.send_order = StatusOrder::default();
+    s.send_statuses.clear();
     s.accepted = 0;
     s.released = 0;
     s.next_seq += 1;
+    drop(s);
+    if a.flags & ATTR_BATCH != 0 {
+        set_release_batch(slot);
+    }
+}
+
+/// `sqd_queue_set_release_batch` on the queue in `slot`, outside its callbacks: 0 the first time, `-EBUSY`
+/// after that, `-EINVAL` on a queue without `release`; `-ENOMEM` is allowed where 0 is due.
+fn set_release_batch(slot: usize) {
+    let w = world();
+    let (q, blind, batched) = {
+        let s = w.slots[slot].borrow();
+        (s.q, s.blind, s.batched)
+    };
+    if q.is_null() {
+        return;
+    }
+    // SAFETY: a live queue; `on_release_batch` may be called with this ctx (the slot) while the queue exists.
+    let rc = call("sqd_queue_set_release_batch", || unsafe {
+        sqd_queue_set_release_batch(q, Some(on_release_batch), slot as *mut c_void)
+    });
+    let want = if blind {
+        -libc::EINVAL
+    } else if batched {
+        -libc::EBUSY
+    } else {
+        0
+    };
+    assert!(rc == want || (want == 0 && rc == -libc::ENOMEM), "sqd_queue_set_release_batch returned {rc}, expected {want} ({})", last_error());
+    if rc == 0 {
+        w.slots[slot].borrow_mut().batched = true;
+    }
 }
 
 /// The CQs' handles: a CQ with queues on it must refuse to be freed.
@@ -1349,6 +1543,10 @@ fn bad_call(which: u8, arg: u32) {
                 expect("sqd_srq_stats(NULL)", einval, || sqd_srq_stats(null(), &mut sqd_srq_stats::default()));
                 expect("sqd_queue_free(NULL)", 0, || sqd_queue_free(null_mut()));
                 expect("sqd_cq_free(NULL)", 0, || sqd_cq_free(null_mut()));
+                expect("sqd_queue_set_release_batch(NULL q)", einval, || sqd_queue_set_release_batch(null_mut(), Some(on_release_batch), null_mut()));
+                if !q.is_null() {
+                    expect("sqd_queue_set_release_batch(NULL fn)", einval, || sqd_queue_set_release_batch(q, None, null_mut()));
+                }
                 if let Some(m) = &w.srq {
                     let mut out: *mut sqd_srq = null_mut();
                     let attr = sqd_srq_attr { depth: m.granted, ..Default::default() };
@@ -1559,7 +1757,12 @@ fn apply(op: &Op) {
                 assert_eq!(out, want, "sqd_cq_depth_for");
             }
         }
-        Op::SetReentry { slot, reentry } => w.slots[slot_of(*slot)].borrow_mut().reentry = *reentry,
+        Op::SetReentry { slot, reentry } => {
+            w.slots[slot_of(*slot)].borrow_mut().reentry = *reentry;
+            if slot & SET_BATCH != 0 {
+                set_release_batch(slot_of(*slot));
+            }
+        }
         Op::SrqNew { depth, low_watermark, flags, no_release, reentry } => srq_new(*depth, *low_watermark, *flags, *no_release, *reentry),
         Op::SrqFree => srq_free(),
         Op::SrqPostRecv { wrs } => srq_post_recv(wrs),
