@@ -681,10 +681,9 @@ impl Queue {
             return Err(Error::new(libc::EBUSY, "called from inside the queue's own release pass"));
         }
         let wr_ids = crate::alloc::boxed_slice(s.ledger.ring.capacity(), 0u64, "the array of a release batch's wr_ids")?;
-        if s.batcher.set(Batcher { handler, wr_ids: RefCell::new(wr_ids) }).is_err() {
-            unreachable!("checked above, and nothing in between sets it");
-        }
-        Ok(())
+        s.batcher
+            .set(Batcher { handler, wr_ids: RefCell::new(wr_ids) })
+            .map_err(|_| Error::new(libc::EBUSY, "the queue's batch handler is already set"))
     }
 
     /// `EBUSY` while WRs or receives are outstanding (not yet released).
