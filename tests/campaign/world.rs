@@ -587,7 +587,7 @@ impl World {
             recv_key,
             next_id: 0,
             next_recv: 0,
-            no_restore: i % 3 == 2,
+            no_restore: cfg.no_restore,
             tainted: false,
             lossy: self.dev.config().loss_ppm > 0 || self.dev.config().ack_loss_ppm > 0,
             drained: false,
