@@ -7,7 +7,7 @@ use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared};
 use crate::discipline::budget::reservation;
-use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, Limits};
+use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, quiet_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
 use crate::discipline::ring::copy_alike_wr_ids;
@@ -843,6 +843,37 @@ fn backlog_full(send: &SendState<StagedWr>) -> Error {
     )
 }
 
+/// Where `fill_quiet` stopped.
+struct QuietRun<'a> {
+    /// Slots filled, from the first.
+    filled: usize,
+    /// The last WR admitted (the first WR when none was).
+    last: WrPtr<'a>,
+    /// The WR it stopped at (not admitted), or `None` at the end of the chain.
+    stop: Option<WrPtr<'a>>,
+}
+
+/// The loop of a quiet run (`Admission::quiet_run`): admits WRs from `w` into `slots` in order while they pass
+/// `quiet_wc_opcode`, each with its slot and the next token from `token`. Out of line, with only its own values
+/// live, so that the per-WR loop keeps them all in registers.
+#[inline(never)]
+fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
+    let mut last = w;
+    let mut token = first_token;
+    for cell in slots {
+        let Some(op) = quiet_wc_opcode(&w.shape(), limits) else { break };
+        cell.set(Slot::new(w.wr_id(), op, 0));
+        w.set_wr_id(token);
+        token += 1;
+        last = w;
+        match w.next() {
+            Some(x) => w = x,
+            None => return QuietRun { filled: (token - first_token) as usize, last, stop: None },
+        }
+    }
+    QuietRun { filled: (token - first_token) as usize, last, stop: Some(w) }
+}
+
 /// Restores the WRs of a posted run (its successor in the ULP's chain is `cut`), in one walk: the ULP's wr_id
 /// from the ring slots their admission filled, and the link cut after the run. The flags differ from the ULP's
 /// only by `IBV_SEND_SIGNALED` on the WRs in `run.added`.
@@ -1183,29 +1214,20 @@ impl QueueShared {
         let mut w = first;
         let mut last = first;
         let next = 'walk: loop {
-            // The WRs the policy leaves unsignaled, until one the ULP signals: the checks, the slot and the token
-            // for each, nothing of the policy.
+            // The WRs the policy leaves unsignaled: the checks, the slot and the token for each, nothing of the
+            // policy. A WR the ULP signals or that needs more than the plain checks ends the run: the step
+            // below decides it.
             let (quiet, token) = a.quiet_run();
-            let mut k = 0;
-            for cell in quiet {
-                let shape = w.shape();
-                let Some(op) = plain_wc_opcode(&shape, &self.limits) else {
+            let run = fill_quiet(quiet, w, token, &self.limits);
+            let k = run.filled;
+            if k > 0 {
+                last = run.last;
+            }
+            match run.stop {
+                Some(x) => w = x,
+                None => {
                     a.quiet_done(k);
-                    break 'walk Some(w);
-                };
-                if shape.send_flags & SEND_SIGNALED != 0 {
-                    break;
-                }
-                cell.set(Slot::new(w.wr_id(), op, 0));
-                w.set_wr_id(token + k as u64);
-                k += 1;
-                last = w;
-                match w.next() {
-                    Some(x) => w = x,
-                    None => {
-                        a.quiet_done(k);
-                        break 'walk None;
-                    }
+                    break 'walk None;
                 }
             }
             a.quiet_done(k);

@@ -1,7 +1,7 @@
 //! Validation of a send WR against the queue's limits, before anything is posted or parked.
 
 use super::opcode::{
-    allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD, WR_BIND_MW,
+    allows_inline, wc_opcode, SEND_FLAGS_RC, SEND_INLINE, SEND_SIGNALED, WR_ATOMIC_CMP_AND_SWP, WR_ATOMIC_FETCH_AND_ADD, WR_BIND_MW,
 };
 use crate::error::{Error, Result};
 
@@ -79,6 +79,25 @@ pub fn plain_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
         | ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge)
         | w.sg_list_null
         | (op == NOT_PLAIN);
+    if bad {
+        None
+    } else {
+        Some(op)
+    }
+}
+
+/// The flags a WR may carry and still be admitted in a quiet run (`quiet_wc_opcode`): FENCE and SOLICITED.
+const QUIET_FLAGS: u32 = PLAIN_FLAGS & !SEND_SIGNALED;
+
+/// `plain_wc_opcode` for a WR of a quiet run (one the signal policy leaves unsignaled): `None` as well when the
+/// ULP signals it, which ends the run. One flag test covers the signal and the flags the full checks need.
+#[inline]
+pub fn quiet_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
+    if w.send_flags & !QUIET_FLAGS != 0 || w.opcode as usize >= PLAIN_WC_OPCODE.len() {
+        return None;
+    }
+    let op = PLAIN_WC_OPCODE[w.opcode as usize];
+    let bad = ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
     if bad {
         None
     } else {
@@ -166,7 +185,7 @@ mod tests {
     #[test]
     fn plain_wc_opcode_agrees_with_the_full_checks() {
         let mut plain = 0;
-        for opcode in 0..20u32 {
+        for opcode in (0..20u32).chain([16, 255, 0x1_0000, u32::MAX]) {
             for send_flags in (0..32u32).chain([0x100, 0x8000_0000]) {
                 for num_sge in [-1, 0, 1, 2, 3, i32::MIN, i32::MAX] {
                     for sg_list_null in [false, true] {
@@ -175,6 +194,9 @@ mod tests {
                         let more = send_flags & SEND_INLINE != 0 || is_atomic(opcode) || opcode == WR_BIND_MW || num_sge == 0;
                         let want = if more { None } else { full };
                         assert_eq!(plain_wc_opcode(&w, &LIM), want, "{w:?}");
+                        // A quiet run takes the same WRs, but those the ULP signals.
+                        let quiet = if send_flags & SEND_SIGNALED != 0 { None } else { want };
+                        assert_eq!(quiet_wc_opcode(&w, &LIM), quiet, "{w:?}");
                         plain += usize::from(want.is_some());
                     }
                 }
