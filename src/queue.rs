@@ -882,19 +882,20 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
         return restore_flags_too(send, run, cut);
     }
     let (a, b) = send.slots_of(run.seq, run.len as u64);
+    // The run was posted cut after its last WR (`post_run`): the walk ends at its NULL link, which is also the
+    // end of its slots, so that a WR costs no count.
     let mut w = run.first;
-    let mut left = run.len;
     'walk: for part in [a, b] {
         for slot in part {
             w.set_wr_id(slot.get().wr_id);
-            left -= 1;
-            if left == 0 {
-                w.set_next(cut);
-                break 'walk;
+            match w.next() {
+                Some(x) => w = x,
+                None => break 'walk,
             }
-            w = w.next().expect("run is linked");
         }
     }
+    debug_assert!(w.next().is_none(), "a run's slots and WRs end together");
+    w.set_next(cut);
     if let Some(a) = run.added.first {
         a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
         if let Some(b) = run.added.second {
