@@ -782,6 +782,13 @@ struct Run<'a> {
     added: Added<'a>,
 }
 
+impl<'a> Run<'a> {
+    /// No WR yet (its WRs will be from `first` on).
+    fn empty(first: WrPtr<'a>) -> Run<'a> {
+        Run { first, last: first, seq: 0, len: 0, added: Added::default() }
+    }
+}
+
 /// The WRs of a run that the policy signaled without the ULP asking: `IBV_SEND_SIGNALED` is taken back from
 /// them after the post. The first two are kept (a run has about `len / signal_interval + 1`); with more, the
 /// restore reads every WR's flags from the ring instead.
@@ -989,20 +996,24 @@ impl QueueShared {
         let credits = st.send.postable();
         let note = st.send.noting();
         let result = if credits > 0 && !note {
-            // The common case: a chain of plain WRs that fits in the free slots, admitted in bulk and posted
-            // with one doorbell; whatever is left goes through the general loop, in the same run.
-            let mut added = Added::default();
-            let (n, seq, last, next) = self.admit_plain(&mut st.send, first, credits, credits.min(MAX_RUN), &mut added);
-            let run = Run { first, last, seq, len: n, added };
-            match next {
+            // The common chain: plain WRs that fit in the free slots, the policy leaving them all unsignaled,
+            // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
+            // policy signals on) goes on in the same run (`post_signaled`).
+            let (quiet, seq, token) = st.send.quiet_run(credits, credits.min(MAX_RUN), self.send_token);
+            let filled = fill_quiet(quiet, first, token, &self.limits);
+            let n = filled.filled as u32;
+            st.send.quiet_admitted(n);
+            let run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
+            match filled.stop {
                 None => match self.post_run(st, run, None) {
                     Ok(()) => Ok(()),
                     Err(f) => Err(self.run_refused(st, run, f)),
                 },
-                Some(w) => self.post_general(st, w, run, credits - n, note),
+                // The quiet run left at least one credit, the one the last free slot's signal needs.
+                Some(w) => self.post_signaled(st, w, run, credits - n),
             }
         } else {
-            self.post_general(st, first, Run { first, last: first, seq: 0, len: 0, added: Added::default() }, credits, note)
+            self.post_general(st, first, Run::empty(first), credits, note)
         };
         self.settle_tail(st);
         result
@@ -1050,6 +1061,55 @@ impl QueueShared {
                 let run = Run { first: w, last: w, seq, len: 1, added: Added::default() };
                 Err(self.run_refused(st, run, f))
             }
+        }
+    }
+
+    /// The rest of a post call whose quiet run (`SendState::quiet_run`) stopped at `from`, a WR the policy or
+    /// the ULP signals or one that needs more than the plain checks: the bulk admission goes on from it, in the
+    /// same run, with `credits` (at least 1) left; whatever it leaves goes through the general loop. Out of
+    /// line, so that the calls whose WRs all stay unsignaled carry none of it.
+    #[inline(never)]
+    fn post_signaled<'a>(&self, st: &mut QueueState, from: WrPtr<'a>, mut run: Run<'a>, credits: u32) -> std::result::Result<(), PostError<'a>> {
+        if from.next().is_none() && run.len < MAX_RUN {
+            // The chain's last WR, which the policy signals after the quiet run (the interval's end or the last
+            // free slot) or the ULP does: admitted on its own, as `post_one` does.
+            let shape = from.shape();
+            if let Some(op) = plain_wc_opcode(&shape, &self.limits) {
+                let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
+                let (seq, signaled) = st.send.admit_posted(from.wr_id(), op, ulp_signaled, credits);
+                from.set_wr_id(Token::from_base(self.send_token, seq).0);
+                if signaled & !ulp_signaled {
+                    from.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                    run.added.push(from);
+                }
+                if run.len == 0 {
+                    run.first = from;
+                    run.seq = seq;
+                }
+                run.len += 1;
+                run.last = from;
+                return match self.post_run(st, run, None) {
+                    Ok(()) => Ok(()),
+                    Err(f) => Err(self.run_refused(st, run, f)),
+                };
+            }
+        }
+        let room = credits.min(MAX_RUN - run.len);
+        let (m, seq, last, next) = self.admit_plain(&mut st.send, from, credits, room, &mut run.added);
+        if m > 0 {
+            if run.len == 0 {
+                run.first = from;
+                run.seq = seq;
+            }
+            run.len += m;
+            run.last = last;
+        }
+        match next {
+            None => match self.post_run(st, run, None) {
+                Ok(()) => Ok(()),
+                Err(f) => Err(self.run_refused(st, run, f)),
+            },
+            Some(w) => self.post_general(st, w, run, credits - m, false),
         }
     }
 
@@ -1265,17 +1325,25 @@ impl QueueShared {
     /// `flush_run` without the error's description: the common case, inlined into the post path.
     #[inline(always)]
     fn post_run(&self, st: &mut QueueState, run: Run<'_>, cut: Option<WrPtr<'_>>) -> std::result::Result<(), PostFailure> {
-        run.last.set_next(None);
+        // A run that ends the chain (`cut` is `None`, known where this is inlined) already ends at a NULL link.
+        if cut.is_some() {
+            run.last.set_next(None);
+        }
+        debug_assert!(run.last.next().is_none(), "a run that ends the chain ends at its NULL link");
         let r = self.qp.post_chain(run.first);
         st.doorbells += 1;
         if self.no_restore && r.is_ok() {
             // Every WR of the run was posted: only the link the run was cut at goes back.
-            run.last.set_next(cut);
+            if cut.is_some() {
+                run.last.set_next(cut);
+            }
         } else if run.len == 1 {
             // A post of one WR: its slot, its link and at most its own flag.
             let w = run.first;
             w.set_wr_id(st.send.slot(run.seq).wr_id);
-            w.set_next(cut);
+            if cut.is_some() {
+                w.set_next(cut);
+            }
             if run.added.first.is_some() {
                 w.set_send_flags(w.send_flags() & !SEND_SIGNALED);
             }

@@ -359,6 +359,30 @@ impl<T: Parked> SendState<T> {
         }
     }
 
+    /// The free slots a post call may fill with WRs the policy leaves unsignaled, from the next one, and the
+    /// first one's sequence number and token (`token_base` as for `admission`): as many as `room` (at most
+    /// `credits`, which is `postable()`, at least 1) allows, short of the WR the policy signals next and of the
+    /// ring's end. The caller fills a prefix of them in order with `Slot::new(wr_id, wc_opcode, 0)`, gives the
+    /// WRs consecutive tokens, and reports how many with `quiet_admitted` before anything else: an `admission`
+    /// for a call whose WRs are all unsignaled, without its set-up.
+    #[inline]
+    pub fn quiet_run(&self, credits: u32, room: u32, token_base: u64) -> (&[Cell<Slot>], u64, u64) {
+        debug_assert!(credits > 0 && credits >= room && credits == self.credits() && self.backlog.is_empty());
+        let gap = (self.policy.interval() - 1).saturating_sub(self.policy.run()).min(credits - 1).min(room);
+        let (slots, head) = self.ledger.ring.free_run(u64::from(gap));
+        debug_assert!(slots.len() as u64 <= Token::seqs_before_wrap(head));
+        (slots, head, Token::from_base(token_base, head).0)
+    }
+
+    /// The first `k` slots of `quiet_run` are filled: their WRs are accepted and posted, unsignaled.
+    #[inline]
+    pub fn quiet_admitted(&mut self, k: u32) {
+        let head = self.ledger.ring.head();
+        self.ledger.ring.set_head(head + u64::from(k));
+        self.accepted += u64::from(k);
+        self.policy.set_run(self.policy.run() + k);
+    }
+
     /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
     #[inline]
     pub fn admitted(&mut self, a: Admitted) {
@@ -900,8 +924,24 @@ mod tests {
                     continue;
                 }
                 let n = 1 + (rng >> 8) as u32 % credits;
-                // As the post path does: admissions until the call's WRs are in (one stops where the ring wraps).
                 let mut k = 0;
+                // A third of the calls begin as the post path's chains do: one quiet run, for as many WRs as it
+                // has room and the ULP leaves unsignaled.
+                if call % 3 == 2 {
+                    let (quiet, seq, token) = bulk.quiet_run(credits, n, base);
+                    assert_eq!(seq, bulk.wqes());
+                    let mut filled = 0;
+                    while filled < quiet.len() && k < n && (rng >> (16 + k % 40)) & 7 != 0 {
+                        let wr_id = call * 1000 + k as u64;
+                        quiet[filled].set(Slot::new(wr_id, 3, 0));
+                        let (seq, signaled) = one.admit_posted(wr_id, 3, false, credits - k);
+                        assert_eq!((token + filled as u64, false), (Token::from_base(base, seq).0, signaled), "call {call} WR {k}");
+                        filled += 1;
+                        k += 1;
+                    }
+                    bulk.quiet_admitted(filled as u32);
+                }
+                // As the post path does: admissions until the call's WRs are in (one stops where the ring wraps).
                 while k < n {
                     let mut a = bulk.admission(credits - k, n - k, base);
                     assert!(!a.is_full());
