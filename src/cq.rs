@@ -542,7 +542,7 @@ impl CqShared {
         }
         let fate = match self.lookup(token, wc.qp_num) {
             Some((q, true)) => {
-                q.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc))
+                q.on_cqe(token, wc.status as u8, crate::verbs::wc_vendor_err(wc), wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc))
             }
             Some((_, false)) => CqeFate::Stray,
             None => self.reap_unattached(token, wc.qp_num),
@@ -583,7 +583,7 @@ impl CqShared {
     fn reap_srq(&self, token: Token, wc: &ibv_wc) -> Option<CqeFate> {
         let id = token.index() - SRQ_TOKEN_BASE;
         let srq = self.state.borrow().srqs.iter().find(|e| e.0 == id).map(|e| e.1.clone())?;
-        let fate = match srq.on_cqe(token, wc.status as u8, wc.vendor_err, wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc)) {
+        let fate = match srq.on_cqe(token, wc.status as u8, crate::verbs::wc_vendor_err(wc), wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc)) {
             Some(wr_id) => CqeFate::Visible(wr_id),
             None => CqeFate::Stray,
         };

@@ -398,6 +398,34 @@ fn the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags(make: Make) {
     assert_eq!(got, vec![(0, WC_SEND, true), (1, 1, true), (2, 1, true), (3, WC_SEND, true), (4, 1, false)]);
 }
 
+/// Verbs defines a completion's `vendor_err` for errors only, and a provider leaves it unwritten for a success
+/// (rdma-core's mlx5 and mlx4 set it in their error paths alone; the sim poisons it): whatever the poll array
+/// held there, a success is released with vendor error 0, and its CQE shown to the ULP keeps the field as
+/// raw verbs would have left it.
+fn a_success_is_released_with_vendor_error_0_whatever_the_poll_array_held(make: Make) {
+    let rig = Rig::on(make, config(16, 4, 0), 64);
+    // 3 and 7 are signaled by the policy, 8 by the ULP.
+    rig.post(&mut Chain::sends(0..8, 0).push(8, WR_SEND, SIGNALED, &[64])).unwrap();
+    rig.complete(usize::MAX);
+    let mut shown = Vec::new();
+    loop {
+        // SAFETY: all-zero is a valid `ibv_wc`.
+        let mut wc: [rdma_sys::ibv_wc; 4] = unsafe { std::mem::zeroed() };
+        for w in &mut wc {
+            w.vendor_err = 0xdead_beef;
+        }
+        let n = rig.cq.poll(&mut wc).unwrap();
+        shown.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
+        if n < wc.len() {
+            break;
+        }
+    }
+    assert_eq!(shown, [(8, WC_SUCCESS)]);
+    let log = rig.log.borrow();
+    let got: Vec<(u64, u32, u32)> = log.iter().map(|c| (c.wr_id, c.status, c.vendor_err)).collect();
+    assert_eq!(got, (0..9).map(|id| (id, WC_SUCCESS, 0)).collect::<Vec<_>>());
+}
+
 on_both_devices!(
     the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags,
     single_wr_posts_are_signaled_and_restored_as_chains_are,
@@ -417,6 +445,7 @@ on_both_devices!(
     the_wr_that_takes_the_last_slot_is_signaled,
     a_long_chain_is_posted_in_few_doorbells_and_restored,
     completions_of_unmanaged_qps_pass_through_and_strays_are_counted,
+    a_success_is_released_with_vendor_error_0_whatever_the_poll_array_held,
 );
 
 #[test]

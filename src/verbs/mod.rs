@@ -41,6 +41,18 @@ pub fn wc_invalidated_rkey(wc: &ibv_wc) -> Option<u32> {
     }
 }
 
+/// The vendor error of a completion: the CQE's for an error status, 0 for a success. Verbs defines the field for
+/// errors only, and providers do not write it for a success (rdma-core's mlx5 and mlx4 set it in their error
+/// paths alone), so a success's `vendor_err` is whatever the caller's array held.
+#[inline]
+pub fn wc_vendor_err(wc: &ibv_wc) -> u32 {
+    if wc.status == 0 {
+        0
+    } else {
+        wc.vendor_err
+    }
+}
+
 /// The work-completion opcode (`enum ibv_wc_opcode`) that a send WR of `wr_opcode` (`enum ibv_wr_opcode`)
 /// completes with on an RC QP, or `None` for an opcode RC does not have: what a provider reports in the CQE of
 /// a WR it flushes.

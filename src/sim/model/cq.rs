@@ -11,7 +11,7 @@ use super::{MAX_CQE, Model, key};
 use super::qp::QpModel;
 use super::super::{SQD_SIM_VIOLATION_CQ_OVERRUN, violation_kind_str};
 use super::super::events::AsyncElement;
-use super::wc::{FLUSH, Origin, SUCCESS};
+use super::wc::{FLUSH, GARBAGE, Origin, SUCCESS};
 
 pub(super) struct CqEntry {
     wc: ibv_wc,
@@ -246,7 +246,14 @@ impl Model {
                     },
                 }
             }
-            out(n, entry.wc);
+            let mut wc = entry.wc;
+            if wc.status == SUCCESS {
+                // Verbs defines vendor_err for errors only; a real provider does not write it for a success (mlx5
+                // and mlx4 set it in their error paths alone), so the caller's array keeps what it held. The sim
+                // poisons it, so that nothing may read it as 0.
+                wc.vendor_err = GARBAGE;
+            }
+            out(n, wc);
             n += 1;
         }
         n
