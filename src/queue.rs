@@ -10,7 +10,7 @@ use crate::discipline::budget::reservation;
 use crate::discipline::check::{check_atomic, check_bind_mw, check_inline, check_shape, is_atomic, plain_wc_opcode, quiet_wc_opcode, Limits};
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::{SEND_INLINE, SEND_SIGNALED, WR_BIND_MW};
-use crate::discipline::ring::copy_alike_wr_ids;
+use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids};
 use crate::discipline::send::{Admit, Barriers, Closed, CqeOutcome, SendLedger};
 use crate::discipline::token::{Direction, Token};
 use crate::discipline::{Backlog, RecvState, SendState, Slot};
@@ -1743,7 +1743,19 @@ impl QueueShared {
             }
             // The batch: the slots from the first that release as it does but for the wr_id, the opcode and
             // whether it was implied; a run that goes on past the ring's end goes on at its start.
-            let count = {
+            let count = if ring.is_plain_from(tail) && !ledger.has_failed() {
+                // Successes of the ULP's WRs only: the whole run is one batch.
+                let mut wr_ids = b.wr_ids.borrow_mut();
+                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
+                copy_wr_ids(first_part, out_first);
+                copy_wr_ids(wrapped, out_wrapped);
+                debug_assert!(
+                    first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
+                        && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
+                    "a plain run holds successes of the ULP's WRs only"
+                );
+                n as usize
+            } else {
                 let mut wr_ids = b.wr_ids.borrow_mut();
                 let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
                 let k = copy_alike_wr_ids(first_part, out_first, first.meta());

@@ -122,6 +122,15 @@ pub fn copy_alike_wr_ids(slots: &[Cell<Slot>], out: &mut [u64], like: u64) -> us
     n
 }
 
+/// Copies to `out` (at least as long as `slots`) the wr_ids of `slots`: a run of releases known to be one batch
+/// (`SlotRing::is_plain_from`, on a queue that has not failed), with nothing to compare.
+#[inline(always)]
+pub fn copy_wr_ids(slots: &[Cell<Slot>], out: &mut [u64]) {
+    for (s, out) in slots.iter().zip(&mut out[..slots.len()]) {
+        *out = s.get().wr_id;
+    }
+}
+
 /// The ring's fields are cells: the release loop reads and advances it between release callbacks without
 /// holding a borrow of the rest of the queue's state (a callback may post, which pushes at `head`; only the
 /// release loop moves `tail`).
@@ -132,6 +141,9 @@ pub struct SlotRing {
     head: Cell<u64>,
     done: Cell<u64>,
     tail: Cell<u64>,
+    /// One past the newest slot pushed with `INTERNAL` or `OP` (0 before any): the slots from it on are the
+    /// ULP's WRs, so a release run there needs no test of their flags (`is_plain_from`).
+    special_end: Cell<u64>,
 }
 
 impl SlotRing {
@@ -139,7 +151,14 @@ impl SlotRing {
     pub fn new(depth: u32, what: &str) -> Result<SlotRing> {
         let cap = (depth.max(1) as usize).next_power_of_two();
         let slots = alloc::boxed_slice(cap, Cell::new(Slot::default()), what)?;
-        Ok(SlotRing { slots, mask: cap as u64 - 1, head: Cell::new(0), done: Cell::new(0), tail: Cell::new(0) })
+        Ok(SlotRing {
+            slots,
+            mask: cap as u64 - 1,
+            head: Cell::new(0),
+            done: Cell::new(0),
+            tail: Cell::new(0),
+            special_end: Cell::new(0),
+        })
     }
 
     /// Number of slots of storage (bytes per slot: `size_of::<Slot>()`).
@@ -179,7 +198,17 @@ impl SlotRing {
         let seq = self.head.get();
         self.slots[(seq & self.mask) as usize].set(slot);
         self.head.set(seq + 1);
+        if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+            self.special_end.set(seq + 1);
+        }
         seq
+    }
+
+    /// Whether every slot from `seq` on holds a WR of the ULP's (none has `INTERNAL` or `OP`; bulk writes through
+    /// `free_run` hold only the ULP's WRs).
+    #[inline]
+    pub fn is_plain_from(&self, seq: u64) -> bool {
+        self.special_end.get() <= seq
     }
 
     /// The free slots from `head` up to the end of the storage (where the next ones wrap to its start), at most
@@ -337,6 +366,27 @@ mod tests {
         r.complete_through(b, 0, 0);
         let (seq, covered) = r.pop_done().unwrap();
         assert_eq!((seq, covered.wr_id, covered.status(), covered.vendor_err(), covered.has(Slot::OWN_CQE)), (a, 1, 0, 0, false));
+    }
+
+    /// `is_plain_from` holds from one past the newest slot pushed with `INTERNAL` or `OP` on, whatever came
+    /// after it, and `copy_wr_ids` copies every wr_id of a run.
+    #[test]
+    fn the_ulps_run_begins_after_the_newest_internal_or_op_slot() {
+        let r = SlotRing::new(8, "test").unwrap();
+        assert!(r.is_plain_from(0));
+        r.push(Slot::new(1, 0, 0));
+        r.push(Slot::new(2, 0, Slot::INTERNAL | Slot::SIGNALED));
+        r.push(Slot::new(3, 0, Slot::SIGNALED | Slot::ULP_SIGNALED));
+        assert!(!r.is_plain_from(0) && !r.is_plain_from(1));
+        assert!(r.is_plain_from(2) && r.is_plain_from(3));
+        r.push(Slot::new(4, 0, Slot::OP | Slot::SIGNALED));
+        r.push(Slot::new(5, 0, 0));
+        assert!(!r.is_plain_from(3) && r.is_plain_from(4));
+        let (a, b) = r.slots_of(0, 5);
+        let mut out = [0u64; 8];
+        copy_wr_ids(a, &mut out);
+        copy_wr_ids(b, &mut out[a.len()..]);
+        assert_eq!(out[..5], [1, 2, 3, 4, 5]);
     }
 
     /// `copy_alike_wr_ids` stops where a slot by slot walk would, whatever the length and wherever the first

@@ -120,6 +120,12 @@ impl SendLedger {
     pub fn plain_open(&self) -> bool {
         self.blocked.get() == 0
     }
+    /// Whether a completion failed the queue (`SendState::closed`): until then every complete slot holds a
+    /// success (status and vendor error 0).
+    #[inline]
+    pub fn has_failed(&self) -> bool {
+        self.blocked.get() & 1 != 0
+    }
     /// The release loop handed out the releases up to sequence `tail` (exclusive), `released` of the ULP's WRs
     /// in all: see the contract above.
     #[inline]
