@@ -1725,7 +1725,7 @@ impl QueueShared {
     /// vendor error gathered into the batcher's array and handed over in one call. Under `SendLedger`'s contract
     /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
     /// batch's call, so a barrier the call makes due runs before the next release.
-    #[inline(never)]
+    #[inline(always)]
     fn release_batched(&self, b: &Batcher) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
