@@ -1009,7 +1009,35 @@ impl QueueShared {
                     Ok(()) => Ok(()),
                     Err(f) => Err(self.run_refused(st, run, f)),
                 },
-                // The quiet run left at least one credit, the one the last free slot's signal needs.
+                // The chain's last WR, signaled after the quiet run (the interval's end or the last free slot,
+                // or the ULP's request): admitted as `post_one` admits one WR. The quiet run left at least one
+                // credit, the one the last free slot's signal needs.
+                Some(w) if w.next().is_none() && n < MAX_RUN => {
+                    let shape = w.shape();
+                    match plain_wc_opcode(&shape, &self.limits) {
+                        Some(op) => {
+                            let mut run = run;
+                            let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
+                            let (seq, signaled) = st.send.admit_posted(w.wr_id(), op, ulp_signaled, credits - n);
+                            w.set_wr_id(Token::from_base(self.send_token, seq).0);
+                            if signaled & !ulp_signaled {
+                                w.set_send_flags(shape.send_flags | SEND_SIGNALED);
+                                run.added.push(w);
+                            }
+                            if n == 0 {
+                                run.first = w;
+                                run.seq = seq;
+                            }
+                            run.len += 1;
+                            run.last = w;
+                            match self.post_run(st, run, None) {
+                                Ok(()) => Ok(()),
+                                Err(f) => Err(self.run_refused(st, run, f)),
+                            }
+                        }
+                        None => self.post_signaled(st, w, run, credits - n),
+                    }
+                }
                 Some(w) => self.post_signaled(st, w, run, credits - n),
             }
         } else {
@@ -1065,35 +1093,12 @@ impl QueueShared {
     }
 
     /// The rest of a post call whose quiet run (`SendState::quiet_run`) stopped at `from`, a WR the policy or
-    /// the ULP signals or one that needs more than the plain checks: the bulk admission goes on from it, in the
-    /// same run, with `credits` (at least 1) left; whatever it leaves goes through the general loop. Out of
-    /// line, so that the calls whose WRs all stay unsignaled carry none of it.
+    /// the ULP signals or one that needs more than the plain checks, when it is not the chain's last plain WR
+    /// (`post_send` admits that one itself): the bulk admission goes on from it, in the same run, with
+    /// `credits` (at least 1) left; whatever it leaves goes through the general loop. Out of line, so that the
+    /// common calls carry none of it.
     #[inline(never)]
     fn post_signaled<'a>(&self, st: &mut QueueState, from: WrPtr<'a>, mut run: Run<'a>, credits: u32) -> std::result::Result<(), PostError<'a>> {
-        if from.next().is_none() && run.len < MAX_RUN {
-            // The chain's last WR, which the policy signals after the quiet run (the interval's end or the last
-            // free slot) or the ULP does: admitted on its own, as `post_one` does.
-            let shape = from.shape();
-            if let Some(op) = plain_wc_opcode(&shape, &self.limits) {
-                let ulp_signaled = shape.send_flags & SEND_SIGNALED != 0;
-                let (seq, signaled) = st.send.admit_posted(from.wr_id(), op, ulp_signaled, credits);
-                from.set_wr_id(Token::from_base(self.send_token, seq).0);
-                if signaled & !ulp_signaled {
-                    from.set_send_flags(shape.send_flags | SEND_SIGNALED);
-                    run.added.push(from);
-                }
-                if run.len == 0 {
-                    run.first = from;
-                    run.seq = seq;
-                }
-                run.len += 1;
-                run.last = from;
-                return match self.post_run(st, run, None) {
-                    Ok(()) => Ok(()),
-                    Err(f) => Err(self.run_refused(st, run, f)),
-                };
-            }
-        }
         let room = credits.min(MAX_RUN - run.len);
         let (m, seq, last, next) = self.admit_plain(&mut st.send, from, credits, room, &mut run.added);
         if m > 0 {
