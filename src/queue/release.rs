@@ -1,0 +1,380 @@
+//! The release pass of a managed queue: the CQEs it is given, then its WRs released in post order, one by one
+//! or in batches, with its deferred actions, operations and parked WRs in their places.
+
+use crate::attach::CqeFate;
+use crate::completion::Completion;
+use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids};
+use crate::discipline::send::CqeOutcome;
+use crate::discipline::Slot;
+use crate::discipline::token::{Direction, Token};
+use crate::release::{ReleaseBatch, ReleaseHandler, call};
+use crate::verbs::pump_backlog;
+
+use super::{Action, Batcher, ClearOnDrop, QueueShared, QueueState};
+
+/// The release of a posted WR whose slot the ring just gave up (as `Completion::from` a `Release` of it).
+#[inline]
+fn completion_of(slot: &Slot) -> Completion {
+    Completion {
+        wr_id: slot.wr_id,
+        status: slot.status() as u32,
+        opcode: slot.opcode() as u32,
+        vendor_err: slot.vendor_err(),
+        flags: if slot.has(Slot::OWN_CQE) { 0 } else { crate::completion::SQD_COMPLETION_IMPLIED },
+        invalidated_rkey: 0,
+        modified_sge: 0,
+    }
+}
+
+impl QueueShared {
+    /// Processes one CQE of this queue, then hands out every release it made due.
+    pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> CqeFate {
+        let fate = {
+            let mut st = self.state.borrow_mut();
+            match token.direction() {
+                Direction::Send => match st.send.on_cqe(token, status, vendor_err) {
+                    CqeOutcome::Visible { wr_id } => CqeFate::Visible(wr_id),
+                    CqeOutcome::Hidden | CqeOutcome::Late => CqeFate::Hidden,
+                    CqeOutcome::Stray => return CqeFate::Stray,
+                },
+                Direction::Recv => match st.recv.as_mut() {
+                    Some(r) => match r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv) {
+                        Some(wr_id) => CqeFate::Visible(wr_id),
+                        None if r.is_abandoned() => CqeFate::Hidden,
+                        None => return CqeFate::Stray,
+                    },
+                    None => return CqeFate::Stray,
+                },
+            }
+        };
+        self.run_releases();
+        fate
+    }
+
+    /// Hands out due releases and deferred actions in order, then posts parked WRs that now have credits. A
+    /// call from inside a callback returns at once: the outer loop picks up what the callback made due.
+    pub(crate) fn run_releases(&self) {
+        if self.releasing.replace(true) {
+            return;
+        }
+        let _guard = ClearOnDrop(&self.releasing);
+        if self.batcher.get().is_some() {
+            self.run_batched_release_loop();
+        } else if self.verifying {
+            self.run_release_loop::<true>();
+        } else {
+            self.run_release_loop::<false>();
+        }
+    }
+
+    /// `release_loop` with the queue's release handler. The handler and `VERIFY` (`self.verifying`) are fixed
+    /// for the queue's life: decided once per call, not per release.
+    #[inline(always)]
+    fn run_release_loop<const VERIFY: bool>(&self) {
+        match &self.release {
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false>(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false>(|c| f(c)),
+            None => self.release_loop::<VERIFY, false>(|_| {}),
+        }
+    }
+
+    /// `run_release_loop` for a queue with a batch handler (and so with a release handler). Marked cold only to
+    /// keep it off the straight line of the per-WR handler's pass, whose registers it would otherwise disturb
+    /// (10 instructions per WR).
+    #[cold]
+    #[inline(never)]
+    fn run_batched_release_loop(&self) {
+        let h = self.release.as_ref();
+        if self.verifying {
+            self.release_loop::<true, true>(|c| call(h, c));
+        } else {
+            self.release_loop::<false, true>(|c| call(h, c));
+        }
+    }
+
+    /// The loop of `run_releases`, with the queue's release handler as `release`: the common releases
+    /// (`release_common`), and the rest of the pass out of line only when something else may be due.
+    #[inline(always)]
+    fn release_loop<const VERIFY: bool, const BATCH: bool>(&self, release: impl Fn(&Completion)) {
+        if !VERIFY {
+            self.release_common::<BATCH>(&release);
+            if self.release_pass_done() {
+                return;
+            }
+        }
+        self.release_rest::<VERIFY, BATCH>(&release);
+    }
+
+    /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
+    /// (`release_batched`) if the queue has one (`BATCH`).
+    #[inline(always)]
+    fn release_common<const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
+        if BATCH {
+            if let Some(b) = self.batcher.get() {
+                self.release_batched(b);
+            }
+        } else {
+            self.release_plain(release);
+        }
+    }
+
+    /// The rest of a release pass: deferred actions, markers and operations, parked WRs, receives, the pump.
+    /// Each step takes the state borrow once and drops it before any callback runs (callbacks may post, defer
+    /// or poll again); between steps, the common releases run again.
+    #[inline(never)]
+    fn release_rest<const VERIFY: bool, const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
+        enum Item {
+            Release(Completion),
+            OpDone(Option<ReleaseHandler>, Completion),
+            Action(Action),
+            /// Nothing is due; `true`: a parked WR became due (its release comes next), so the loop goes on.
+            Idle(bool),
+        }
+        loop {
+            let item = {
+                let mut guard = self.state.borrow_mut();
+                let st = &mut *guard;
+                if st.barriers.is_due(st.send.released()) {
+                    Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
+                } else if let Some(slot) = st.send.pop_posted() {
+                    // The common case: a posted WR of the ULP's, no verification.
+                    let mut c = completion_of(&slot);
+                    if slot.has(Slot::OP) {
+                        let (done, oc) = st.finish_op(c);
+                        Item::OpDone(done, oc)
+                    } else {
+                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
+                            let k = st.send.released() - 1;
+                            if let Some(sge) = v.check(k) {
+                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                                c.modified_sge = sge;
+                                st.verify_mismatches += 1;
+                            }
+                        }
+                        Item::Release(c)
+                    }
+                } else if let Some(r) = if st.send.backlog_len() == 0 { None } else { self.next_parked_release(st) } {
+                    // A parked WR released as never posted.
+                    let mut c = Completion::from((r, false));
+                    if r.op {
+                        let (done, oc) = st.finish_op(c);
+                        Item::OpDone(done, oc)
+                    } else {
+                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
+                            let k = st.send.released() - 1;
+                            if let Some(sge) = v.check(k) {
+                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                                c.modified_sge = sge;
+                                st.verify_mismatches += 1;
+                            }
+                        }
+                        Item::Release(c)
+                    }
+                } else if let Some(r) = st.recv.as_mut().and_then(|r| r.next_release()) {
+                    Item::Release(Completion::from((r, true)))
+                } else {
+                    // Nothing due: parked WRs that now have credits are posted, under the same borrow (the pump
+                    // only calls the provider, which never calls back).
+                    Item::Idle(self.settle_idle(st))
+                }
+            };
+            match item {
+                Item::Release(c) => release(&c),
+                Item::OpDone(done, c) => call(done.as_ref(), &c),
+                Item::Action(Action::User(d)) => d.run(),
+                Item::Action(Action::PostOp(id)) => self.post_op(id),
+                Item::Action(Action::Teardown { teardown, untrack }) => {
+                    let failed = teardown.run() != 0;
+                    let mut st = self.state.borrow_mut();
+                    if failed {
+                        st.teardown_failures += 1;
+                    }
+                    if let Some(i) = untrack.and_then(|k| st.tracked.iter().position(|t| t.lkey == k)) {
+                        st.tracked.swap_remove(i);
+                        st.sync_noting();
+                    }
+                }
+                Item::Idle(go_on) => {
+                    if !go_on {
+                        break;
+                    }
+                }
+            }
+            if !VERIFY {
+                self.release_common::<BATCH>(release);
+                if self.release_pass_done() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// After the common releases, whether the pass is over without a look at the rest of the state: no posted
+    /// slot is left complete (a marker or an operation would be), no barrier is due, the queue has no managed
+    /// receives, and nothing is parked and the queue is open (`SendLedger::plain_open`), so that neither a
+    /// parked WR's release nor a pump can be due. Then `settle_idle` would do nothing either: with nothing
+    /// parked nothing is pumped, and a tail left unsignaled was watched by the post that left it.
+    #[inline(always)]
+    fn release_pass_done(&self) -> bool {
+        let ledger = &*self.ledger;
+        let done = !self.managed_recv
+            && ledger.plain_open()
+            && ledger.ring.tail() == ledger.ring.done()
+            && ledger.released() < ledger.first_barrier();
+        debug_assert!(
+            !done || self.state.try_borrow().map_or(true, |st| !st.send.has_unsignaled_tail() || self.watched.get()),
+            "an unsignaled tail nobody watches at the end of a release pass"
+        );
+        done
+    }
+
+    /// The end of a release pass, when nothing is due: posts parked WRs that now have credits and watches a tail
+    /// left unsignaled. Returns whether the pass goes on: parked WRs released as never posted, and a parked WR
+    /// the provider refused, become due only when the ring is empty; anything else due now was produced by the
+    /// pump (nothing) or by callbacks (picked up before). After a refused WR's release the pump goes on behind
+    /// it.
+    #[inline(always)]
+    fn settle_idle(&self, st: &mut QueueState) -> bool {
+        // An empty backlog has nothing to pump (`pump_backlog` would return Ok(0)).
+        if st.send.backlog_len() > 0 {
+            let pumped = pump_backlog(&mut st.send, &mut self.send_cq.pool.borrow_mut(), &self.qp, self.send_index);
+            if !matches!(pumped, Ok(0)) {
+                st.doorbells += 1;
+            }
+            if pumped.is_err() {
+                st.describe_refused_front(&mut self.send_cq.pool.borrow_mut());
+            }
+        }
+        if st.send.has_unsignaled_tail() && !self.watched.get() {
+            self.tail_left();
+        }
+        let flushing = st.send.closed().is_some() && st.send.backlog_len() > 0 && st.send.in_provider() == 0;
+        flushing || st.send.refused_release_due()
+    }
+
+    /// The common releases, as many as are due in a row: posted WRs of the ULP's (not markers, not library
+    /// operations), complete, with no barrier due before them, on a queue that does not verify buffers. The ring
+    /// and the counts are read and advanced without borrowing the state, under `SendLedger`'s contract: only
+    /// this loop moves `tail` and `released`, and nothing a callback does changes the slots between them and
+    /// the `done` read at the start. `sqd_queue_stats` read from a callback counts its WR as released. A
+    /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
+    /// run before the next release, as the ledger's first barrier is read after every callback.
+    #[inline(always)]
+    fn release_plain(&self, release: &impl Fn(&Completion)) {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        let mut tail = ring.tail();
+        let n = ring.done() - tail;
+        if n == 0 {
+            return;
+        }
+        let mut released = ledger.released();
+        // Only the fields a posted WR's slot fills change from one release to the next.
+        let mut plain = Completion::default();
+        // One CQE per WR (every WR signaled): no slices to set up for one slot. Otherwise the complete slots as
+        // slices, walked in order: nothing is indexed per release.
+        let (one, (a, b)) = if n == 1 { (Some(ring.get(tail)), (&[][..], &[][..])) } else { (None, ring.slots_of(tail, n)) };
+        // Releases `slot` if it is a common one and no barrier is due; whether it did.
+        // A slot's second word never equals this: it would have every flag, `INTERNAL` included.
+        let mut last_meta = u64::MAX;
+        let mut release_slot = |slot: Slot| {
+            // Consecutive releases mostly differ only in their wr_id (the same opcode, covered successes): a slot
+            // whose second word is the previous release's is a common release too, and the completion's other
+            // fields already hold its values (the callback gets the completion read-only).
+            if slot.meta() != last_meta {
+                if slot.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                    return false;
+                }
+                last_meta = slot.meta();
+                plain.status = slot.status() as u32;
+                plain.opcode = slot.opcode() as u32;
+                plain.vendor_err = slot.vendor_err();
+                plain.flags = u32::from(!slot.has(Slot::OWN_CQE)) * crate::completion::SQD_COMPLETION_IMPLIED;
+            }
+            if released >= ledger.first_barrier() {
+                return false;
+            }
+            tail += 1;
+            released += 1;
+            ledger.set_released(tail, released);
+            plain.wr_id = slot.wr_id;
+            release(&plain);
+            debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
+            true
+        };
+        if let Some(slot) = one {
+            release_slot(slot);
+            return;
+        }
+        for part in [a, b] {
+            for slot in part {
+                if !release_slot(slot.get()) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `release_plain` for a queue with a batch handler: the same releases, each run of them with one status and
+    /// vendor error gathered into the batcher's array and handed over in one call. Under `SendLedger`'s contract
+    /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
+    /// batch's call, so a barrier the call makes due runs before the next release.
+    #[inline(always)]
+    fn release_batched(&self, b: &Batcher) {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        loop {
+            let tail = ring.tail();
+            let released = ledger.released();
+            let n = (ring.done() - tail).min(ledger.first_barrier().saturating_sub(released));
+            if n == 0 {
+                return;
+            }
+            let (first_part, wrapped) = ring.slots_of(tail, n);
+            let first = first_part[0].get();
+            if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
+                return;
+            }
+            // The batch: the slots from the first that release as it does but for the wr_id, the opcode and
+            // whether it was implied; a run that goes on past the ring's end goes on at its start.
+            let count = if ring.is_plain_from(tail) && !ledger.has_failed() {
+                // Successes of the ULP's WRs only: the whole run is one batch.
+                let mut wr_ids = b.wr_ids.borrow_mut();
+                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
+                copy_wr_ids(first_part, out_first);
+                copy_wr_ids(wrapped, out_wrapped);
+                debug_assert!(
+                    first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
+                        && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
+                    "a plain run holds successes of the ULP's WRs only"
+                );
+                n as usize
+            } else {
+                let mut wr_ids = b.wr_ids.borrow_mut();
+                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
+                let k = copy_alike_wr_ids(first_part, out_first, first.meta());
+                if k == first_part.len() && !wrapped.is_empty() {
+                    k + copy_alike_wr_ids(wrapped, out_wrapped, first.meta())
+                } else {
+                    k
+                }
+            };
+            ledger.set_released(tail + count as u64, released + count as u64);
+            // Borrowed for reading only during the call: the handler may read the queue's footprint.
+            let wr_ids = b.wr_ids.borrow();
+            (b.handler)(&ReleaseBatch { wr_ids: &wr_ids[..count], status: first.status() as u32, vendor_err: first.vendor_err() });
+            debug_assert_eq!(
+                (ring.tail(), ledger.released()),
+                (tail + count as u64, released + count as u64),
+                "a callback moved the release point"
+            );
+        }
+    }
+
+    /// The next release of a parked WR, if one is due (see `SendState::next_parked_release`). Out of line and
+    /// called only when the queue has WRs parked, so that the release loop's common case is one compare.
+    #[inline(never)]
+    fn next_parked_release(&self, st: &mut QueueState) -> Option<crate::discipline::Release> {
+        st.send.next_parked_release(&mut *self.send_cq.pool.borrow_mut())
+    }
+}
