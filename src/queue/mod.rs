@@ -954,6 +954,18 @@ fn refusal_message(what: &str, errno: i32) -> String {
 }
 
 impl QueueState {
+    /// With the buffer verifier on: marks `c`, the release of the ULP's WR just counted as released, if one of
+    /// its SGEs' bytes changed while the HCA could read them.
+    fn check_released_buffers(&mut self, c: &mut Completion) {
+        if let Some(v) = self.verify.as_ref() {
+            if let Some(sge) = v.check(self.send.released() - 1) {
+                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
+                c.modified_sge = sge;
+                self.verify_mismatches += 1;
+            }
+        }
+    }
+
     /// Tells the send state whether every accepted WR must be noted (buffer verification, tracked MRs): after
     /// the tracked MRs change.
     fn sync_noting(&mut self) {

@@ -35,6 +35,19 @@ impl<'a> Run<'a> {
     fn empty(first: WrPtr<'a>) -> Run<'a> {
         Run { first, last: first, seq: 0, len: 0, added: Added::default() }
     }
+
+    /// The run goes on with `n` WRs admitted from `from` (the first of sequence `seq`) to `last`.
+    #[inline(always)]
+    fn extend(&mut self, from: WrPtr<'a>, seq: u64, n: u32, last: WrPtr<'a>) {
+        if n > 0 {
+            if self.len == 0 {
+                self.first = from;
+                self.seq = seq;
+            }
+            self.len += n;
+            self.last = last;
+        }
+    }
 }
 
 /// The WRs of a run that the policy signaled without the ULP asking: `IBV_SEND_SIGNALED` is taken back from
@@ -242,12 +255,7 @@ impl QueueShared {
                                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
                                 run.added.push(w);
                             }
-                            if n == 0 {
-                                run.first = w;
-                                run.seq = seq;
-                            }
-                            run.len += 1;
-                            run.last = w;
+                            run.extend(w, seq, 1, w);
                             match self.post_run(st, run, None) {
                                 Ok(()) => Ok(()),
                                 Err(f) => Err(self.run_refused(st, run, f)),
@@ -303,14 +311,7 @@ impl QueueShared {
     fn post_signaled<'a>(&self, st: &mut QueueState, from: WrPtr<'a>, mut run: Run<'a>, credits: u32) -> std::result::Result<(), PostError<'a>> {
         let room = credits.min(MAX_RUN - run.len);
         let (m, seq, last, next) = self.admit_plain(&mut st.send, from, credits, room, &mut run.added);
-        if m > 0 {
-            if run.len == 0 {
-                run.first = from;
-                run.seq = seq;
-            }
-            run.len += m;
-            run.last = last;
-        }
+        run.extend(from, seq, m, last);
         match next {
             None => match self.post_run(st, run, None) {
                 Ok(()) => Ok(()),
@@ -350,12 +351,7 @@ impl QueueShared {
                 }
                 let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room, &mut run.added);
                 if n > 0 {
-                    if run.len == 0 {
-                        run.first = w;
-                        run.seq = seq;
-                    }
-                    run.len += n;
-                    run.last = last;
+                    run.extend(w, seq, n, last);
                     credits -= n;
                     cur = next;
                     continue;

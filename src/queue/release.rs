@@ -136,37 +136,13 @@ impl QueueShared {
                 let st = &mut *guard;
                 if st.barriers.is_due(st.send.released()) {
                     Item::Action(st.barriers.pop_ready(st.send.released()).expect("a barrier is due"))
-                } else if let Some(slot) = st.send.pop_posted() {
-                    // The common case: a posted WR of the ULP's, no verification.
-                    let mut c = completion_of(&slot);
-                    if slot.has(Slot::OP) {
+                } else if let Some((mut c, op)) = self.next_send_release(st) {
+                    if op {
                         let (done, oc) = st.finish_op(c);
                         Item::OpDone(done, oc)
                     } else {
-                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
-                            let k = st.send.released() - 1;
-                            if let Some(sge) = v.check(k) {
-                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
-                                c.modified_sge = sge;
-                                st.verify_mismatches += 1;
-                            }
-                        }
-                        Item::Release(c)
-                    }
-                } else if let Some(r) = if st.send.backlog_len() == 0 { None } else { self.next_parked_release(st) } {
-                    // A parked WR released as never posted.
-                    let mut c = Completion::from((r, false));
-                    if r.op {
-                        let (done, oc) = st.finish_op(c);
-                        Item::OpDone(done, oc)
-                    } else {
-                        if let (true, Some(v)) = (VERIFY, st.verify.as_ref()) {
-                            let k = st.send.released() - 1;
-                            if let Some(sge) = v.check(k) {
-                                c.flags |= crate::completion::SQD_COMPLETION_BUFFER_MODIFIED;
-                                c.modified_sge = sge;
-                                st.verify_mismatches += 1;
-                            }
+                        if VERIFY {
+                            st.check_released_buffers(&mut c);
                         }
                         Item::Release(c)
                     }
@@ -369,6 +345,19 @@ impl QueueShared {
                 "a callback moved the release point"
             );
         }
+    }
+
+    /// The next send release, in post order, if one is due, and whether it is a library operation's: a posted
+    /// WR (markers skipped), else a parked one released as never posted.
+    #[inline]
+    fn next_send_release(&self, st: &mut QueueState) -> Option<(Completion, bool)> {
+        if let Some(slot) = st.send.pop_posted() {
+            return Some((completion_of(&slot), slot.has(Slot::OP)));
+        }
+        if st.send.backlog_len() == 0 {
+            return None;
+        }
+        self.next_parked_release(st).map(|r| (Completion::from((r, false)), r.op))
     }
 
     /// The next release of a parked WR, if one is due (see `SendState::next_parked_release`). Out of line and
