@@ -53,14 +53,23 @@ impl QueueShared {
 
     /// Hands out due releases and deferred actions in order, then posts parked WRs that now have credits. A
     /// call from inside a callback returns at once: the outer loop picks up what the callback made due.
+    #[inline]
     pub(crate) fn run_releases(&self) {
         if self.releasing.replace(true) {
             return;
         }
-        let _guard = ClearOnDrop(&self.releasing);
         if self.batcher.get().is_some() {
             self.run_batched_release_loop();
-        } else if self.verifying {
+        } else {
+            self.run_plain_releases();
+        }
+    }
+
+    /// `run_releases` for a queue without a batch handler: the per-WR pass, with or without the verifier.
+    #[inline(never)]
+    fn run_plain_releases(&self) {
+        let _guard = ClearOnDrop(&self.releasing);
+        if self.verifying {
             self.run_release_loop::<true>();
         } else {
             self.run_release_loop::<false>();
@@ -84,6 +93,7 @@ impl QueueShared {
     #[cold]
     #[inline(never)]
     fn run_batched_release_loop(&self) {
+        let _guard = ClearOnDrop(&self.releasing);
         let h = self.release.as_ref();
         if self.verifying {
             self.release_loop::<true, true>(|c| call(h, c));
