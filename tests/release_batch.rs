@@ -202,6 +202,28 @@ fn a_batch_keeps_its_wr_ids_while_its_handler_fills_the_sq() {
     assert_eq!(rig.q().stats().released, want.len() as u64);
 }
 
+/// A batch handler may read its queue's statistics (and so its footprint, which counts the batch array) while
+/// the batch's wr_ids are lent to it.
+#[test]
+fn a_batch_handler_may_read_its_queues_stats() {
+    let rig = Rc::new(Rig::new(config(8, 4, 0), 64));
+    let seen: Rc<RefCell<Vec<(usize, u64)>>> = Rc::default();
+    let (r, s) = (Rc::downgrade(&rig), seen.clone());
+    rig.q()
+        .set_release_batch(Box::new(move |b: &ReleaseBatch<'_>| {
+            let rig = r.upgrade().unwrap();
+            s.borrow_mut().push((b.wr_ids.len(), rig.q().stats().bytes));
+        }))
+        .unwrap();
+    let bytes = rig.q().stats().bytes;
+    rig.post(&mut Chain::sends(0..8, 0)).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    let seen = seen.borrow();
+    assert_eq!(seen.iter().map(|&(n, _)| n).sum::<usize>(), 8, "{seen:?}");
+    assert!(seen.iter().all(|&(_, b)| b == bytes), "the footprint read inside a batch: {seen:?}, {bytes} outside");
+}
+
 #[test]
 fn set_release_batch_refuses_what_it_cannot_honour() {
     // No per-WR handler: the releases a batch cannot carry would have nowhere to go.

@@ -897,8 +897,10 @@ impl QueueShared {
         if let Some(v) = &st.verify {
             n += v.footprint();
         }
-        if let Some(b) = self.batcher.get() {
-            n += std::mem::size_of_val(&**b.wr_ids.borrow());
+        if self.batcher.get().is_some() {
+            // The batch array has one entry per ring slot (`set_release_batch`); it is not borrowed here, since
+            // the release pass holds it while a batch handler (which may ask for the footprint) runs.
+            n += st.send.ring_capacity() * std::mem::size_of::<u64>();
         }
         n
     }

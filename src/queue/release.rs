@@ -323,10 +323,13 @@ impl QueueShared {
             }
             // The batch: the slots from the first that release as it does but for the wr_id, the opcode and
             // whether it was implied; a run that goes on past the ring's end goes on at its start.
+            // Borrowed once, for the copy and the call: nothing else borrows the array while the pass runs (a
+            // release pass started from the handler returns at once, and the footprint counts the array by the
+            // ring's capacity).
+            let mut wr_ids = b.wr_ids.borrow_mut();
+            let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
             let count = if ring.is_plain_from(tail) && !ledger.has_failed() {
                 // Successes of the ULP's WRs only: the whole run is one batch.
-                let mut wr_ids = b.wr_ids.borrow_mut();
-                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
                 copy_wr_ids(first_part, out_first);
                 copy_wr_ids(wrapped, out_wrapped);
                 debug_assert!(
@@ -336,8 +339,6 @@ impl QueueShared {
                 );
                 n as usize
             } else {
-                let mut wr_ids = b.wr_ids.borrow_mut();
-                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
                 let k = copy_alike_wr_ids(first_part, out_first, first.meta());
                 if k == first_part.len() && !wrapped.is_empty() {
                     k + copy_alike_wr_ids(wrapped, out_wrapped, first.meta())
@@ -346,9 +347,8 @@ impl QueueShared {
                 }
             };
             ledger.set_released(tail + count as u64, released + count as u64);
-            // Borrowed for reading only during the call: the handler may read the queue's footprint.
-            let wr_ids = b.wr_ids.borrow();
             (b.handler)(&ReleaseBatch { wr_ids: &wr_ids[..count], status: first.status() as u32, vendor_err: first.vendor_err() });
+            drop(wr_ids);
             debug_assert_eq!(
                 (ring.tail(), ledger.released()),
                 (tail + count as u64, released + count as u64),
