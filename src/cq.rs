@@ -532,7 +532,7 @@ impl CqShared {
     }
 
     /// Maps one CQE to its queue and processes it (releases, callbacks, backlog).
-    #[inline]
+    #[inline(always)]
     fn reap(&self, wc: &ibv_wc) -> CqeFate {
         let token = Token(wc.wr_id);
         if token.index() >= SRQ_TOKEN_BASE && token.direction() == Direction::Recv {
