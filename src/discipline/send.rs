@@ -354,15 +354,21 @@ impl<T: Parked> SendState<T> {
             token,
             start_token: token,
             start: head,
-            // `run` unsignaled WRs end the SQ: the policy signals the one that makes it `interval`, or the one
-            // that takes the last free slot if that comes first.
-            gap: interval.saturating_sub(run + 1).min(credits as u64 - 1),
+            gap: u64::from(self.quiet_gap(credits)),
             last: token.wrapping_add(credits as u64 - 1),
             interval,
             last_signaled: token.wrapping_sub(run + 1),
             by_ulp: 0,
             by_policy: 0,
         }
+    }
+
+    /// How many WRs the policy leaves unsignaled from the next one, with `credits` free slots: the unsignaled
+    /// run that ends the SQ grows up to the WR that makes it `interval` long, or the one that takes the last free
+    /// slot if that comes first; that WR is signaled.
+    #[inline]
+    fn quiet_gap(&self, credits: u32) -> u32 {
+        (self.policy.interval() - 1).saturating_sub(self.policy.run()).min(credits - 1)
     }
 
     /// The free slots a post call may fill with WRs the policy leaves unsignaled, from the next one, and the
@@ -374,7 +380,7 @@ impl<T: Parked> SendState<T> {
     #[inline]
     pub fn quiet_run(&self, credits: u32, room: u32, token_base: u64) -> (&[Cell<Slot>], u64, u64) {
         debug_assert!(credits > 0 && credits >= room && credits == self.credits() && self.backlog.is_empty());
-        let gap = (self.policy.interval() - 1).saturating_sub(self.policy.run()).min(credits - 1).min(room);
+        let gap = self.quiet_gap(credits).min(room);
         let (slots, head) = self.ledger.ring.free_run(u64::from(gap));
         debug_assert!(slots.len() as u64 <= Token::seqs_before_wrap(head));
         (slots, head, Token::from_base(token_base, head).0)
