@@ -89,14 +89,35 @@ pub fn plain_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
 /// The flags a WR may carry and still be admitted in a quiet run (`quiet_wc_opcode`): FENCE and SOLICITED.
 const QUIET_FLAGS: u32 = PLAIN_FLAGS & !SEND_SIGNALED;
 
+/// The fields of a WR a quiet run tests (`quiet_wc_opcode`): the opcode and the flags as one word (opcode in the
+/// low half, `send_flags` in the high half), so that one mask tests both.
+#[derive(Debug, Clone, Copy)]
+pub struct QuietShape {
+    pub opcode_flags: u64,
+    pub num_sge: i32,
+    pub sg_list_null: bool,
+}
+
+impl QuietShape {
+    #[inline]
+    pub fn of(w: &WrShape) -> QuietShape {
+        QuietShape { opcode_flags: w.opcode as u64 | (w.send_flags as u64) << 32, num_sge: w.num_sge, sg_list_null: w.sg_list_null }
+    }
+}
+
+/// The bits of `QuietShape::opcode_flags` that end a quiet run: an opcode of 16 or more, and any flag but
+/// `QUIET_FLAGS`.
+const QUIET_REJECT: u64 = !((QUIET_FLAGS as u64) << 32 | (PLAIN_WC_OPCODE.len() as u64 - 1));
+
 /// `plain_wc_opcode` for a WR of a quiet run (one the signal policy leaves unsignaled): `None` as well when the
-/// ULP signals it, which ends the run. One flag test covers the signal and the flags the full checks need.
+/// ULP signals it, which ends the run. One mask tests the opcode's range, the signal and the flags the full
+/// checks need.
 #[inline]
-pub fn quiet_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
-    if w.send_flags & !QUIET_FLAGS != 0 || w.opcode as usize >= PLAIN_WC_OPCODE.len() {
+pub fn quiet_wc_opcode(w: &QuietShape, lim: &Limits) -> Option<u8> {
+    if w.opcode_flags & QUIET_REJECT != 0 {
         return None;
     }
-    let op = PLAIN_WC_OPCODE[w.opcode as usize];
+    let op = PLAIN_WC_OPCODE[(w.opcode_flags & (PLAIN_WC_OPCODE.len() as u64 - 1)) as usize];
     let bad = ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
     if bad {
         None
@@ -196,7 +217,7 @@ mod tests {
                         assert_eq!(plain_wc_opcode(&w, &LIM), want, "{w:?}");
                         // A quiet run takes the same WRs, but those the ULP signals.
                         let quiet = if send_flags & SEND_SIGNALED != 0 { None } else { want };
-                        assert_eq!(quiet_wc_opcode(&w, &LIM), quiet, "{w:?}");
+                        assert_eq!(quiet_wc_opcode(&QuietShape::of(&w), &LIM), quiet, "{w:?}");
                         plain += usize::from(want.is_some());
                     }
                 }

@@ -129,7 +129,7 @@ fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limi
     let mut last = w;
     let mut token = first_token;
     for cell in slots {
-        let Some(op) = quiet_wc_opcode(&w.shape(), limits) else { break };
+        let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { break };
         cell.set(Slot::new(w.wr_id(), op, 0));
         w.set_wr_id(token);
         token += 1;

@@ -9,7 +9,7 @@ use std::ptr::{self, NonNull};
 
 use rdma_sys::{ibv_recv_wr, ibv_send_wr, ibv_sge};
 
-use crate::discipline::check::WrShape;
+use crate::discipline::check::{QuietShape, WrShape};
 
 /// A chain of send WRs lent by the ULP for one call.
 pub struct SendChain<'a> {
@@ -88,6 +88,19 @@ impl<'a> WrPtr<'a> {
                 sg_list_null: ptr::addr_of!((*w).sg_list).read().is_null(),
             }
         }
+    }
+    /// The fields `quiet_wc_opcode` tests, the opcode and the flags read as one word.
+    #[inline]
+    pub fn quiet_shape(self) -> QuietShape {
+        // `send_flags` follows `opcode` in `struct ibv_send_wr` (verbs.h), so that both are one 8-byte word.
+        const _: () = assert!(std::mem::offset_of!(ibv_send_wr, send_flags) == std::mem::offset_of!(ibv_send_wr, opcode) + 4);
+        let w = self.p.as_ptr();
+        // SAFETY: readable for 'a; the word is the two adjacent u32 fields `opcode` and `send_flags` (asserted
+        // above), read unaligned since the pair is only 4-byte aligned.
+        let pair = unsafe { ptr::addr_of!((*w).opcode).cast::<[u32; 2]>().read_unaligned() };
+        // SAFETY: readable for 'a; plain field reads.
+        let (num_sge, sg_list) = unsafe { (ptr::addr_of!((*w).num_sge).read(), ptr::addr_of!((*w).sg_list).read()) };
+        QuietShape { opcode_flags: u64::from(pair[0]) | u64::from(pair[1]) << 32, num_sge, sg_list_null: sg_list.is_null() }
     }
     /// The SGE list; call only after `check_shape` accepted the WR (num_sge in range, list non-NULL if needed).
     #[inline]
@@ -185,5 +198,31 @@ impl<'a> RecvWrPtr<'a> {
     pub fn num_sge(self) -> (i32, bool) {
         // SAFETY: readable for 'a.
         unsafe { (ptr::addr_of!((*self.p.as_ptr()).num_sge).read(), ptr::addr_of!((*self.p.as_ptr()).sg_list).read().is_null()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discipline::check::QuietShape;
+
+    #[test]
+    fn the_quiet_shape_is_the_shapes_fields_read_as_one_word() {
+        for (opcode, send_flags) in [(0u32, 0u32), (2, 0x8), (4, 0x2), (15, 0xffff_fff0), (u32::MAX, 1), (0x1234_5678, 0x9abc_def0)] {
+            for (num_sge, list) in [(1, true), (0, false), (-3, true)] {
+                let mut sge = ibv_sge { addr: 0, length: 0, lkey: 0 };
+                // SAFETY: an all-zero `ibv_send_wr` is a valid value (NULL pointers, zero integers, a zeroed union).
+                let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+                wr.opcode = opcode;
+                wr.send_flags = send_flags;
+                wr.num_sge = num_sge;
+                wr.sg_list = if list { &mut sge } else { ptr::null_mut() };
+                // SAFETY: `wr` is a valid, writable chain of one WR for the test's duration.
+                let w = unsafe { SendChain::from_raw(&mut wr) }.first().unwrap();
+                let (quiet, want) = (w.quiet_shape(), QuietShape::of(&w.shape()));
+                assert_eq!((quiet.opcode_flags, quiet.num_sge, quiet.sg_list_null), (want.opcode_flags, want.num_sge, want.sg_list_null));
+                assert_eq!(quiet.opcode_flags, u64::from(opcode) | u64::from(send_flags) << 32);
+            }
+        }
     }
 }
