@@ -204,7 +204,8 @@ impl QueueShared {
         let st = &mut *guard;
         // The common call, one plain WR on an open queue with nothing parked or noted and a free slot, is decided
         // with one test of the queue's state.
-        let plain_one = if first.next().is_none() && st.send.plain_open() {
+        let open = st.send.plain_open();
+        let plain_one = if open && first.next().is_none() {
             let credits = st.send.credits();
             let shape = first.shape();
             match plain_wc_opcode(&shape, &self.limits) {
@@ -219,13 +220,17 @@ impl QueueShared {
             self.settle_tail(st);
             return result;
         }
-        if let Some(c) = st.send.closed() {
-            return Err(PostError { error: closed_error(c), bad: first });
-        }
         // Decided once per call: nothing below changes them but this call's own posts (one credit each) and
-        // parks (after which `credits` is 0 and every WR goes through `admit`).
-        let credits = st.send.postable();
-        let note = st.send.noting();
+        // parks (after which `credits` is 0 and every WR goes through `admit`). An open queue (`plain_open`) has
+        // nothing parked and notes nothing.
+        let (credits, note) = if open {
+            (st.send.credits(), false)
+        } else {
+            if let Some(c) = st.send.closed() {
+                return Err(PostError { error: closed_error(c), bad: first });
+            }
+            (st.send.postable(), st.send.noting())
+        };
         let result = if credits > 0 && !note {
             // The common chain: plain WRs that fit in the free slots, the policy leaving them all unsignaled,
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
@@ -270,6 +275,10 @@ impl QueueShared {
             self.post_general(st, first, Run::empty(first), credits, note)
         };
         self.settle_tail(st);
+        // The common return without the error's value carried across `settle_tail` and copied out.
+        if result.is_ok() {
+            return Ok(());
+        }
         result
     }
 
