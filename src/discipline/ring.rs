@@ -126,8 +126,17 @@ pub fn copy_alike_wr_ids(slots: &[Cell<Slot>], out: &mut [u64], like: u64) -> us
 /// (`SlotRing::is_plain_from`, on a queue that has not failed), with nothing to compare.
 #[inline(always)]
 pub fn copy_wr_ids(slots: &[Cell<Slot>], out: &mut [u64]) {
-    for (s, out) in slots.iter().zip(&mut out[..slots.len()]) {
-        *out = s.get().wr_id;
+    let out = &mut out[..slots.len()];
+    // Eight at a time, as plain loads and stores: the compiler's vectorized form of the loop de-interleaves the
+    // slots' two words at more instructions per wr_id than this.
+    let (mut from, mut to) = (slots.chunks_exact(8), out.chunks_exact_mut(8));
+    for (s, o) in (&mut from).zip(&mut to) {
+        for k in 0..8 {
+            o[k] = s[k].get().wr_id;
+        }
+    }
+    for (s, o) in from.remainder().iter().zip(to.into_remainder()) {
+        *o = s.get().wr_id;
     }
 }
 
@@ -387,6 +396,18 @@ mod tests {
         copy_wr_ids(a, &mut out);
         copy_wr_ids(b, &mut out[a.len()..]);
         assert_eq!(out[..5], [1, 2, 3, 4, 5]);
+    }
+
+    /// `copy_wr_ids` copies exactly the run's wr_ids, whole groups of eight and the rest, and nothing beyond.
+    #[test]
+    fn copy_wr_ids_copies_every_length_exactly() {
+        let slots: Vec<Cell<Slot>> = (0..40).map(|i| Cell::new(Slot::new(1000 + i, 2, 0))).collect();
+        for len in 0..=slots.len() {
+            let mut out = [u64::MAX; 48];
+            copy_wr_ids(&slots[..len], &mut out);
+            assert!(out[..len].iter().enumerate().all(|(i, &w)| w == 1000 + i as u64), "length {len}");
+            assert!(out[len..].iter().all(|&w| w == u64::MAX), "length {len}: written past the run");
+        }
     }
 
     /// `copy_alike_wr_ids` stops where a slot by slot walk would, whatever the length and wherever the first
