@@ -228,8 +228,8 @@ impl SlotRing {
     pub fn free_run(&self, max: u64) -> (&[Cell<Slot>], u64) {
         let head = self.head.get();
         let at = (head & self.mask) as usize;
-        let room = (self.slots.len() - at).min(max as usize);
-        (&self.slots[at..at + room], head)
+        let free = &self.slots[at..];
+        (&free[..free.len().min(max as usize)], head)
     }
 
     /// The slots of the `len` (at most the capacity) consecutive sequence numbers from `seq`, in order: the part

@@ -372,14 +372,14 @@ impl<T: Parked> SendState<T> {
     }
 
     /// The free slots a post call may fill with WRs the policy leaves unsignaled, from the next one, and the
-    /// first one's sequence number and token (`token_base` as for `admission`): as many as `room` (at most
-    /// `credits`, which is `postable()`, at least 1) allows, short of the WR the policy signals next and of the
+    /// first one's sequence number and token (`token_base` as for `admission`): as many as `room` allows, short
+    /// of the WR the policy signals next (so fewer than `credits`, which is `postable()`, at least 1) and of the
     /// ring's end. The caller fills a prefix of them in order with `Slot::new(wr_id, wc_opcode, 0)`, gives the
     /// WRs consecutive tokens, and reports how many with `quiet_admitted` before anything else: an `admission`
     /// for a call whose WRs are all unsignaled, without its set-up.
     #[inline]
     pub fn quiet_run(&self, credits: u32, room: u32, token_base: u64) -> (&[Cell<Slot>], u64, u64) {
-        debug_assert!(credits > 0 && credits >= room && credits == self.credits() && self.backlog.is_empty());
+        debug_assert!(credits > 0 && credits == self.credits() && self.backlog.is_empty());
         let gap = self.quiet_gap(credits).min(room);
         let (slots, head) = self.ledger.ring.free_run(u64::from(gap));
         debug_assert!(slots.len() as u64 <= Token::seqs_before_wrap(head));

@@ -235,14 +235,18 @@ impl QueueShared {
             // The common chain: plain WRs that fit in the free slots, the policy leaving them all unsignaled,
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
             // policy signals on) goes on in the same run (`post_signaled`).
-            let (quiet, seq, token) = st.send.quiet_run(credits, credits.min(MAX_RUN), self.send_token);
+            let (quiet, seq, token) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
             let filled = fill_quiet(quiet, first, token, &self.limits);
             let n = filled.filled as u32;
             st.send.quiet_admitted(n);
             let run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
             match filled.stop {
                 None => match self.post_run(st, run, None) {
-                    Ok(()) => Ok(()),
+                    Ok(()) => {
+                        // The common end: returned from here, with no `Result` kept across `settle_tail`.
+                        self.settle_tail(st);
+                        return Ok(());
+                    }
                     Err(f) => Err(self.run_refused(st, run, f)),
                 },
                 // The chain's last WR, signaled after the quiet run (the interval's end or the last free slot,
@@ -262,7 +266,10 @@ impl QueueShared {
                             }
                             run.extend(w, seq, 1, w);
                             match self.post_run(st, run, None) {
-                                Ok(()) => Ok(()),
+                                Ok(()) => {
+                                    self.settle_tail(st);
+                                    return Ok(());
+                                }
                                 Err(f) => Err(self.run_refused(st, run, f)),
                             }
                         }
