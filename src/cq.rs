@@ -108,14 +108,27 @@ struct Entry {
 /// `CqStats` counters bumped on every poll or CQE.
 #[derive(Default)]
 struct Counts {
-    polls: Cell<u64>,
+    /// Polls whose first provider call found something, or that had no room (`polls()` adds `idle_polls`).
+    busy_polls: Cell<u64>,
+    /// Polls whose first provider call found the CQ empty: the common poll bumps this counter alone.
+    idle_polls: Cell<u64>,
     cqes: Cell<u64>,
     visible: Cell<u64>,
     hidden: Cell<u64>,
     passthrough: Cell<u64>,
     stray: Cell<u64>,
+    /// Polls that found CQEs and ended before filling the caller's array (`empty_polls()` adds `idle_polls`).
+    short_polls: Cell<u64>,
+}
+
+impl Counts {
+    fn polls(&self) -> u64 {
+        self.busy_polls.get() + self.idle_polls.get()
+    }
     /// Polls that found the CQ empty (ended before filling the caller's array).
-    empty_polls: Cell<u64>,
+    fn empty_polls(&self) -> u64 {
+        self.idle_polls.get() + self.short_polls.get()
+    }
 }
 
 #[inline]
@@ -200,7 +213,7 @@ impl Cq {
         CqStats {
             reserved: st.budget.reserved(),
             queues: st.budget.queues(),
-            polls: n.polls.get(),
+            polls: n.polls(),
             cqes: n.cqes.get(),
             visible: n.visible.get(),
             hidden: n.hidden.get(),
@@ -361,7 +374,7 @@ impl CqShared {
     }
 
     pub(crate) fn empty_polls(&self) -> u64 {
-        self.counts.empty_polls.get()
+        self.counts.empty_polls()
     }
 
     /// Puts the queue object in its table slot (after the queue is built), weakly: the queue owns this CQ.
@@ -445,20 +458,23 @@ impl CqShared {
         }
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
-        bump(&self.counts.polls, 1);
         // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
         if out.is_empty() {
+            bump(&self.counts.busy_polls, 1);
             self.cover_idle_tails(false);
             return done(0);
         }
         match self.handle.poll(out) {
             Ok(0) => {
-                bump(&self.counts.empty_polls, 1);
+                bump(&self.counts.idle_polls, 1);
                 self.cover_idle_tails(false);
                 done(0)
             }
             Ok(found) => self.poll_found(out, found, done, failed),
-            Err(e) => failed(e),
+            Err(e) => {
+                bump(&self.counts.busy_polls, 1);
+                failed(e)
+            }
         }
     }
 
@@ -471,6 +487,7 @@ impl CqShared {
         done: impl FnOnce(usize) -> R,
         failed: impl FnOnce(Error) -> R,
     ) -> R {
+        bump(&self.counts.busy_polls, 1);
         match self.reap_batches(out, found) {
             Ok(kept) => {
                 self.cover_idle_tails(false);
@@ -517,7 +534,7 @@ impl CqShared {
             }
             kept = w;
             if n < room {
-                bump(&self.counts.empty_polls, 1);
+                bump(&self.counts.short_polls, 1);
                 break;
             }
             if limit == usize::MAX {
@@ -759,6 +776,43 @@ mod tests {
         assert_eq!(poll_all(&send_cq), 0);
         assert_eq!(q.stats().stray_cqes, 1, "dispatched to the queue, which found no such WR");
         assert_eq!(send_cq.stats().stray, 2);
+    }
+
+    /// Every call of `poll` counts once in `polls`, whichever way it ends (no room, nothing found, CQEs that
+    /// fill the array, CQEs that do not), and `empty_polls` counts the calls that ended before filling it.
+    #[test]
+    fn every_poll_counts_once_and_the_empty_ones_once_more() {
+        let dev = ScriptedDevice::new();
+        let raw = dev.create_cq(64).unwrap();
+        // SAFETY: the CQ lives as long as the device.
+        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
+        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 1, ..QueueConfig::default() };
+        let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
+        // SAFETY: the QP lives as long as the device.
+        let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        let counts = |cq: &Cq| (cq.stats().polls, cq.shared.empty_polls());
+        // SAFETY: all-zero is a valid `ibv_wc`.
+        let mut wc: [ibv_wc; 2] = unsafe { std::mem::zeroed() };
+        assert_eq!(cq.poll(&mut wc[..0]).unwrap(), 0, "no room");
+        assert_eq!(counts(&cq), (1, 0));
+        assert_eq!(cq.poll(&mut wc).unwrap(), 0, "nothing found");
+        assert_eq!(counts(&cq), (2, 1));
+        post_sends(&q, 4);
+        dev.complete(qp, 4).unwrap();
+        // Every WR signaled, none by the ULP: the CQEs are hidden, so the array never fills.
+        assert_eq!(cq.poll(&mut wc).unwrap(), 0, "CQEs found, the array not filled");
+        assert_eq!(counts(&cq), (3, 2));
+        assert_eq!(q.stats().released, 4);
+        // Another QP's CQEs on the same CQ, which no queue manages: passed through, visible.
+        let other = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
+        for i in 0..3u64 {
+            post_raw(other, 0x5000 + i);
+        }
+        dev.complete(other, 3).unwrap();
+        assert_eq!(cq.poll(&mut wc).unwrap(), 2, "the array filled");
+        assert_eq!(counts(&cq), (4, 2));
+        assert_eq!(cq.poll(&mut wc).unwrap(), 1);
+        assert_eq!(counts(&cq), (5, 3));
     }
 
     #[test]
