@@ -1,4 +1,4 @@
-//! What a release callback receives.
+//! What a release callback receives: one completion, or a batch of them.
 
 /// The release of one WR (`struct sqd_completion` in C).
 ///
@@ -23,6 +23,24 @@ pub struct Completion {
     pub invalidated_rkey: u32,
     /// With `SQD_COMPLETION_BUFFER_MODIFIED`: the index of the first SGE whose bytes changed while in flight.
     pub modified_sge: u32,
+}
+
+/// Send WRs released together (`struct sqd_release_batch`, see `sqd_queue_set_release_batch`): WRs the ULP
+/// posted, retired one after the other with the same status and vendor error. After its release, and not before,
+/// the ULP may reuse each WR's buffers, lkeys and MRs.
+#[cfg(feature = "capi")]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseBatchC {
+    /// The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
+    pub wr_ids: *const u64,
+    /// How many WRs the batch releases: at least 1.
+    pub count: u32,
+    /// An `enum ibv_wc_status` value, the same for each WR: `IBV_WC_SUCCESS`, the error of a WR's own CQE, or
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    pub status: u32,
+    /// The vendor error of the WRs' error CQE, else 0.
+    pub vendor_err: u32,
 }
 
 /// The WR was retired by a later signaled completion, not a CQE of its own.

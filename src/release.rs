@@ -32,3 +32,23 @@ pub struct ReleaseBatch<'a> {
 
 /// What runs for a batch of releases ([`crate::Queue::set_release_batch`]).
 pub type BatchHandler = Box<dyn Fn(&ReleaseBatch<'_>)>;
+
+/// What a queue calls for a batch: a Rust handler, or a C function called with the batch in its C form.
+pub(crate) enum BatchCall {
+    Closure(BatchHandler),
+    #[cfg(feature = "capi")]
+    Foreign(crate::verbs::ForeignBatch),
+}
+
+impl BatchCall {
+    #[inline]
+    pub(crate) fn call(&self, wr_ids: &[u64], status: u32, vendor_err: u32) {
+        match self {
+            #[cfg(feature = "capi")]
+            BatchCall::Foreign(f) => {
+                f.call(&crate::completion::ReleaseBatchC { wr_ids: wr_ids.as_ptr(), count: wr_ids.len() as u32, status, vendor_err })
+            }
+            BatchCall::Closure(h) => h(&ReleaseBatch { wr_ids, status, vendor_err }),
+        }
+    }
+}

@@ -7,34 +7,17 @@ use rdma_sys::{ibv_mr, ibv_mw, ibv_qp, ibv_recv_wr, ibv_send_wr};
 
 use super::handle::{self, sqd_cq, sqd_queue, sqd_srq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::completion::Completion;
+use crate::completion::{Completion, ReleaseBatchC};
 use crate::queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
 use crate::release::ReleaseHandler;
 use crate::verbs::control::Teardown;
-use crate::verbs::{ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
+use crate::verbs::{ForeignBatch, ForeignDeferred, ForeignRelease, QpHandle, RecvChain, SendChain};
 use crate::Error;
 
 /// A release callback: `c` is valid only during the call and is read-only (the library fills the same completion
 /// again for the next release: copy what you keep). It runs on the thread that polls (or posts, defers or
 /// drains) and may call the API again, including posting on the same queue.
 pub type ReleaseFn = Option<unsafe extern "C" fn(ctx: *mut c_void, c: *const Completion)>;
-
-/// Send WRs released together (`struct sqd_release_batch`, see `sqd_queue_set_release_batch`): WRs the ULP
-/// posted, retired one after the other with the same status and vendor error. After its release, and not before,
-/// the ULP may reuse each WR's buffers, lkeys and MRs.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ReleaseBatchC {
-    /// The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
-    pub wr_ids: *const u64,
-    /// How many WRs the batch releases: at least 1.
-    pub count: u32,
-    /// An `enum ibv_wc_status` value, the same for each WR: `IBV_WC_SUCCESS`, the error of a WR's own CQE, or
-    /// `IBV_WC_WR_FLUSH_ERR`.
-    pub status: u32,
-    /// The vendor error of the WRs' error CQE, else 0.
-    pub vendor_err: u32,
-}
 
 /// A batch release callback (see `sqd_queue_set_release_batch`): `b` and its `wr_ids` are valid only during the
 /// call and are read-only. It runs where a release callback would, and may call the API again as one may.
@@ -230,18 +213,8 @@ pub extern "C" fn sqd_queue_set_release_batch(q: *mut sqd_queue, r#fn: ReleaseBa
         let q = try_ref!(q.object(), "q");
         let _held = q.lock().map(|l| l.lock());
         let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
-        let handler: crate::release::BatchHandler = Box::new(move |b: &crate::release::ReleaseBatch<'_>| {
-            let c = ReleaseBatchC {
-                wr_ids: b.wr_ids.as_ptr(),
-                count: b.wr_ids.len() as u32,
-                status: b.status,
-                vendor_err: b.vendor_err,
-            };
-            // SAFETY: the C caller promises `fn` may be called with `ctx` while the queue exists; `c` and the
-            // wr_ids it points to outlive the call.
-            unsafe { f(ctx, &c) }
-        });
-        status(q.set_release_batch(handler))
+        // SAFETY: the C caller promises `fn` may be called with `ctx` and a batch while the queue exists.
+        status(q.set_release_batch_foreign(unsafe { ForeignBatch::new(f, ctx) }))
     })
 }
 

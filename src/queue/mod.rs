@@ -16,7 +16,7 @@ use crate::discipline::{Backlog, RecvState, SendState, Slot};
 use crate::error::{Error, Result};
 use crate::limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
 use crate::post_error::{PostError, RecvPostError};
-use crate::release::{BatchHandler, ReleaseHandler};
+use crate::release::{BatchCall, BatchHandler, ReleaseHandler};
 use crate::srq::{Srq, SrqShared};
 use crate::verbs::control::Teardown;
 use crate::verbs::verify::VerifyStore;
@@ -255,7 +255,7 @@ pub(crate) struct QueueShared {
 /// A queue's batch handler and the array its batches' wr_ids are gathered in (one slot per ring slot: a batch
 /// never holds more WRs than the ring). Only the release pass, which never nests, fills and lends the array.
 struct Batcher {
-    handler: BatchHandler,
+    handler: BatchCall,
     wr_ids: RefCell<Box<[u64]>>,
 }
 
@@ -672,6 +672,16 @@ impl Queue {
     /// Set at most once (`EBUSY` after that, and from inside the queue's own release pass). `ENOMEM` if the
     /// array of the batches' wr_ids (8 bytes per SQ slot, counted in [`Queue::footprint`]) cannot be allocated.
     pub fn set_release_batch(&self, handler: BatchHandler) -> Result<()> {
+        self.set_batch_call(BatchCall::Closure(handler))
+    }
+
+    /// `set_release_batch` with a C function, called with the batch in its C form (`sqd_queue_set_release_batch`).
+    #[cfg(feature = "capi")]
+    pub(crate) fn set_release_batch_foreign(&self, f: crate::verbs::ForeignBatch) -> Result<()> {
+        self.set_batch_call(BatchCall::Foreign(f))
+    }
+
+    fn set_batch_call(&self, handler: BatchCall) -> Result<()> {
         let s = &self.shared;
         if s.release.is_none() {
             return Err(Error::invalid(

@@ -7,7 +7,7 @@ use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids};
 use crate::discipline::send::CqeOutcome;
 use crate::discipline::Slot;
 use crate::discipline::token::{Direction, Token};
-use crate::release::{ReleaseBatch, ReleaseHandler, call};
+use crate::release::{ReleaseHandler, call};
 use crate::verbs::pump_backlog;
 
 use super::{Action, Batcher, ClearOnDrop, QueueShared, QueueState};
@@ -347,7 +347,7 @@ impl QueueShared {
                 }
             };
             ledger.set_released(tail + count as u64, released + count as u64);
-            (b.handler)(&ReleaseBatch { wr_ids: &wr_ids[..count], status: first.status() as u32, vendor_err: first.vendor_err() });
+            b.handler.call(&wr_ids[..count], first.status() as u32, first.vendor_err());
             drop(wr_ids);
             debug_assert_eq!(
                 (ring.tail(), ledger.released()),

@@ -16,6 +16,8 @@ mod staged;
 pub mod verify;
 mod wr;
 
+#[cfg(feature = "capi")]
+pub use callback::ForeignBatch;
 pub use callback::{ForeignDeferred, ForeignRelease};
 /// SRQs made and destroyed as `ibv_create_srq` / `ibv_destroy_srq` do, reaching a registered software device's
 /// own calls ([`device`]): for code that makes SRQs on a ULP's behalf (the SPDK provider).
