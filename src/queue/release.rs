@@ -354,6 +354,13 @@ impl QueueShared {
                 (tail + count as u64, released + count as u64),
                 "a callback moved the release point"
             );
+            // The batch took every release that was due when it began. What its handler made due since (slots
+            // a poll of its own completed, a barrier it made due) the caller finds: `release_pass_done` reads
+            // the ledger again, and `release_rest` hands it out in order. Only a batch cut short by a slot of
+            // another kind goes round again here.
+            if count as u64 == n {
+                return;
+            }
         }
     }
 
