@@ -244,6 +244,21 @@ impl SlotRing {
         (&self.slots[at..at + first], &self.slots[..len - first])
     }
 
+    /// `slots_of`, sliced so that only a run that wraps has a length to check: for the walks that run once per
+    /// call (the restore, a batch's copy), where that set-up is most of their cost on a short run. (The per-WR
+    /// release loop keeps `slots_of`, around which the compiler allocates its registers better.)
+    #[inline]
+    pub fn run_slots(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
+        debug_assert!(len <= self.slots.len() as u64);
+        let (before, from) = self.slots.split_at((seq & self.mask) as usize);
+        let len = len as usize;
+        if len <= from.len() {
+            (&from[..len], &[])
+        } else {
+            (from, &before[..len - from.len()])
+        }
+    }
+
     /// Ends a bulk write begun with `free_run`: every slot before `head` is posted.
     #[inline]
     pub fn set_head(&self, head: u64) {

@@ -241,10 +241,10 @@ impl<T: Parked> SendState<T> {
     pub fn slot(&self, seq: u64) -> Slot {
         self.ledger.ring.get(seq)
     }
-    /// The slots of a run of `len` posted, not yet released sequence numbers from `seq` (`SlotRing::slots_of`).
+    /// The slots of a run of `len` posted, not yet released sequence numbers from `seq` (`SlotRing::run_slots`).
     #[inline]
     pub fn slots_of(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
-        self.ledger.ring.slots_of(seq, len)
+        self.ledger.ring.run_slots(seq, len)
     }
     pub fn ring_capacity(&self) -> usize {
         self.ledger.ring.capacity()

@@ -316,7 +316,7 @@ impl QueueShared {
             if n == 0 {
                 return;
             }
-            let (first_part, wrapped) = ring.slots_of(tail, n);
+            let (first_part, wrapped) = ring.run_slots(tail, n);
             let first = first_part[0].get();
             if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
                 return;
