@@ -108,7 +108,8 @@ struct Entry {
 /// `CqStats` counters bumped on every poll or CQE.
 #[derive(Default)]
 struct Counts {
-    /// Polls whose first provider call found something, or that had no room (`polls()` adds `idle_polls`).
+    /// Every other poll: its first provider call found CQEs or failed, or it had no room (`polls()` adds
+    /// `idle_polls`).
     busy_polls: Cell<u64>,
     /// Polls whose first provider call found the CQ empty: the common poll bumps this counter alone.
     idle_polls: Cell<u64>,
