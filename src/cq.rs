@@ -718,6 +718,19 @@ mod tests {
         q.post_send(unsafe { SendChain::from_raw(wr_base) }).unwrap();
     }
 
+    /// A scripted device with one CQ of 64 and one queue of depth 8 on it, signaling every `signal_interval` WRs.
+    fn one_queue(signal_interval: u32) -> (std::pin::Pin<Box<ScriptedDevice>>, *mut rdma_sys::ibv_cq, Cq, *mut rdma_sys::ibv_qp, Queue) {
+        let dev = ScriptedDevice::new();
+        let raw = dev.create_cq(64).unwrap();
+        // SAFETY: the CQ lives as long as the device.
+        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
+        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval, ..QueueConfig::default() };
+        let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
+        // SAFETY: the QP lives as long as the device.
+        let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        (dev, raw, cq, qp, q)
+    }
+
     fn poll_all(cq: &Cq) -> usize {
         // SAFETY: all-zero is a valid `ibv_wc`.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
@@ -783,14 +796,7 @@ mod tests {
     /// fill the array, CQEs that do not), and `empty_polls` counts the calls that ended before filling it.
     #[test]
     fn every_poll_counts_once_and_the_empty_ones_once_more() {
-        let dev = ScriptedDevice::new();
-        let raw = dev.create_cq(64).unwrap();
-        // SAFETY: the CQ lives as long as the device.
-        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
-        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 1, ..QueueConfig::default() };
-        let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
-        // SAFETY: the QP lives as long as the device.
-        let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        let (dev, raw, cq, qp, q) = one_queue(1);
         let counts = |cq: &Cq| (cq.stats().polls, cq.shared.empty_polls());
         // SAFETY: all-zero is a valid `ibv_wc`.
         let mut wc: [ibv_wc; 2] = unsafe { std::mem::zeroed() };
@@ -852,14 +858,7 @@ mod tests {
 
     #[test]
     fn late_completions_polled_before_the_free_leave_nothing_to_remember() {
-        let dev = ScriptedDevice::new();
-        let raw = dev.create_cq(64).unwrap();
-        // SAFETY: the CQ lives as long as the device.
-        let cq = Cq::new(unsafe { CqHandle::from_raw(raw) }.unwrap());
-        let cfg = QueueConfig { sq_depth: 8, max_send_sge: 1, signal_interval: 4, ..QueueConfig::default() };
-        let qp = dev.create_qp(raw, raw, &ScriptedQpCaps::with_depths(8, 1)).unwrap();
-        // SAFETY: the QP lives as long as the device.
-        let q = Queue::new(&cq, None, unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+        let (dev, _, cq, qp, q) = one_queue(4);
         post_sends(&q, 8);
         q.on_async_event(1).unwrap();
         dev.set_error(qp).unwrap();
