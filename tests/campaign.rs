@@ -264,3 +264,17 @@ fn a_receive_posted_after_the_queue_was_abandoned_is_refused() {
         ],
     });
 }
+
+/// Found by a soak run: a queue that signals every WR reserves its SQ depth alone on its send CQ (it never posts
+/// a marker), so it fits a CQ of exactly that many CQEs; the campaign's model of the reservation still counted
+/// a marker and called the library's acceptance a CQ overrun risk.
+#[test]
+fn a_queue_signaling_every_wr_fits_a_cq_of_its_sq_depth() {
+    replay(Case {
+        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 1 },
+        ops: vec![
+            NewCq { cq: 2, cqe: 13 },
+            NewQueue { slot: 2, send_cq: 2, recv_cq: 0, recv: NoRecv, sq: 13, interval: 1, backlog: 0, verify: false },
+        ],
+    });
+}
