@@ -111,14 +111,25 @@ fn backlog_full(send: &SendState<StagedWr>) -> Error {
     )
 }
 
-/// Where `fill_quiet` stopped.
+/// Where `fill_quiet` stopped, in two words so that it comes back in registers.
 struct QuietRun<'a> {
     /// Slots filled, from the first.
     filled: usize,
     /// The last WR admitted (the first WR when none was).
     last: WrPtr<'a>,
-    /// The WR it stopped at (not admitted), or `None` at the end of the chain.
-    stop: Option<WrPtr<'a>>,
+}
+
+impl<'a> QuietRun<'a> {
+    /// The WR the run stopped at (not admitted), or `None` at the end of the chain: the one after `last`, or
+    /// the first WR (`first`) itself when none was admitted.
+    #[inline]
+    fn stop(&self, first: WrPtr<'a>) -> Option<WrPtr<'a>> {
+        if self.filled == 0 {
+            Some(first)
+        } else {
+            self.last.next()
+        }
+    }
 }
 
 /// The loop of a quiet run (`Admission::quiet_run`): admits WRs from `w` into `slots` in order while they pass
@@ -136,10 +147,10 @@ fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limi
         last = w;
         match w.next() {
             Some(x) => w = x,
-            None => return QuietRun { filled: (token - first_token) as usize, last, stop: None },
+            None => break,
         }
     }
-    QuietRun { filled: (token - first_token) as usize, last, stop: Some(w) }
+    QuietRun { filled: (token - first_token) as usize, last }
 }
 
 /// Restores the WRs of a posted run (its successor in the ULP's chain is `cut`), in one walk: the ULP's wr_id
@@ -240,7 +251,7 @@ impl QueueShared {
             let n = filled.filled as u32;
             st.send.quiet_admitted(n);
             let run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
-            match filled.stop {
+            match filled.stop(first) {
                 None => match self.post_run(st, run, None) {
                     Ok(()) => {
                         // The common end: returned from here, with no `Result` kept across `settle_tail`.
@@ -481,7 +492,7 @@ impl QueueShared {
             if k > 0 {
                 last = run.last;
             }
-            match run.stop {
+            match run.stop(w) {
                 Some(x) => w = x,
                 None => {
                     a.quiet_done(k);
