@@ -278,3 +278,31 @@ fn a_queue_signaling_every_wr_fits_a_cq_of_its_sq_depth() {
         ],
     });
 }
+
+/// Found by a soak run (seed 7): requests lost past the retry count make the transport give up on the queue's
+/// idle-tail marker, a WQE of the library's own, whose error completion no release carries; the ULP's next WR
+/// is released flushed. The campaign's model took that flush for a failure no fault explains: it learned of a
+/// transport failure from releases only, not from the queue's failure status (`QueueStats::failed_status`),
+/// which is where the library reports a cause its own WQE met.
+#[test]
+fn a_transport_failure_on_the_librarys_marker_explains_the_flushes_after_it() {
+    let write = Wr { opc: Write, len: 0, signaled: false, fence: false, inline: false };
+    replay(Case {
+        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 1 },
+        ops: vec![
+            NewCq { cq: 0, cqe: 160 },
+            NewCq { cq: 1, cqe: 160 },
+            NewQueue { slot: 0, send_cq: 0, recv_cq: 1, recv: OwnRq, sq: 8, interval: 0, backlog: 8, verify: false },
+            NewQueue { slot: 1, send_cq: 1, recv_cq: 1, recv: Shared, sq: 6, interval: 2, backlog: 4, verify: false },
+            Post { slot: 0, wrs: Wrs(vec![write, write, write]) },
+            NewCq { cq: 0, cqe: 8 }, // CQ 0 exists: only the peers' pump after every operation runs
+            SrqPost { n: 1 },
+            Inject { slot: 0, fault: LoseRequests(4) },
+            Inject { slot: 0, fault: LoseRequests(4) },
+            Arm { cq: 0 },
+            Post { slot: 0, wrs: Wrs(vec![write]) },
+            Poll { cq: 0 },
+            FreeQueue { slot: 0 },
+        ],
+    });
+}
