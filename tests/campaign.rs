@@ -246,13 +246,18 @@ fn a_leak_is_caught() {
 
 // ---- regressions: shrunk cases of bugs the campaign found ---------------------------------------------
 
+/// The simulator of the shrunk cases below: no loss, no delay beyond one step, `tx_per_step` packets a step.
+fn calm(tx_per_step: u32) -> Sim {
+    Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step }
+}
+
 /// A receive posted after an asynchronous event abandoned the queue (here `IBV_EVENT_CQ_ERR` of its receive
 /// CQ) was accepted and handed to a QP whose CQ takes no CQE any more: it was never released, and the queue
 /// could never be freed.
 #[test]
 fn a_receive_posted_after_the_queue_was_abandoned_is_refused() {
     replay(Case {
-        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 4 },
+        sim: calm(4),
         ops: vec![
             NewCq { cq: 0, cqe: 160 },
             NewCq { cq: 1, cqe: 160 },
@@ -271,7 +276,7 @@ fn a_receive_posted_after_the_queue_was_abandoned_is_refused() {
 #[test]
 fn a_queue_signaling_every_wr_fits_a_cq_of_its_sq_depth() {
     replay(Case {
-        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 1 },
+        sim: calm(1),
         ops: vec![
             NewCq { cq: 2, cqe: 13 },
             NewQueue { slot: 2, send_cq: 2, recv_cq: 0, recv: NoRecv, sq: 13, interval: 1, backlog: 0, verify: false },
@@ -288,12 +293,8 @@ fn a_queue_signaling_every_wr_fits_a_cq_of_its_sq_depth() {
 fn a_transport_failure_on_the_librarys_marker_explains_the_flushes_after_it() {
     let write = Wr { opc: Write, len: 0, signaled: false, fence: false, inline: false };
     replay(Case {
-        sim: Sim { seed: 0, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 1, ack_delay: 0, tx_per_step: 1 },
-        ops: vec![
-            NewCq { cq: 0, cqe: 160 },
-            NewCq { cq: 1, cqe: 160 },
-            NewQueue { slot: 0, send_cq: 0, recv_cq: 1, recv: OwnRq, sq: 8, interval: 0, backlog: 8, verify: false },
-            NewQueue { slot: 1, send_cq: 1, recv_cq: 1, recv: Shared, sq: 6, interval: 2, backlog: 4, verify: false },
+        sim: calm(1),
+        ops: [ops::prologue(), vec![
             Post { slot: 0, wrs: Wrs(vec![write, write, write]) },
             NewCq { cq: 0, cqe: 8 }, // CQ 0 exists: only the peers' pump after every operation runs
             SrqPost { n: 1 },
@@ -303,6 +304,7 @@ fn a_transport_failure_on_the_librarys_marker_explains_the_flushes_after_it() {
             Post { slot: 0, wrs: Wrs(vec![write]) },
             Poll { cq: 0 },
             FreeQueue { slot: 0 },
-        ],
+        ]]
+        .concat(),
     });
 }

@@ -228,15 +228,20 @@ fn sim() -> impl Strategy<Value = Sim> {
         })
 }
 
-/// Cases of up to `max_ops` operations. Every program starts with two CQs and two queues on them, so that
-/// most operations have something to act on; shrinking may remove those too.
-pub fn case(max_ops: usize) -> impl Strategy<Value = Case> {
-    let prologue = vec![
+/// What every program starts with: two CQs and two queues on them, so that most operations have something to
+/// act on (shrinking may remove those too).
+pub fn prologue() -> Vec<Op> {
+    vec![
         Op::NewCq { cq: 0, cqe: 160 },
         Op::NewCq { cq: 1, cqe: 160 },
         Op::NewQueue { slot: 0, send_cq: 0, recv_cq: 1, recv: Recv::OwnRq, sq: 8, interval: 0, backlog: 8, verify: false },
         Op::NewQueue { slot: 1, send_cq: 1, recv_cq: 1, recv: Recv::Shared, sq: 6, interval: 2, backlog: 4, verify: false },
-    ];
+    ]
+}
+
+/// Cases of up to `max_ops` operations, each after the `prologue`.
+pub fn case(max_ops: usize) -> impl Strategy<Value = Case> {
+    let prologue = prologue();
     (sim(), vec(op(), 1..max_ops)).prop_map(move |(sim, body)| {
         let mut ops = prologue.clone();
         ops.extend(body);
