@@ -308,3 +308,32 @@ fn a_transport_failure_on_the_librarys_marker_explains_the_flushes_after_it() {
         .concat(),
     });
 }
+
+/// Found by soak runs (seeds 99 and 424242): on a send CQ that an intruder overran, the flush CQE of the queue's
+/// idle-tail marker was lost; the queue holds the marker until the CQ's CQ_ERR event releases everything on the
+/// CQ, so `check_free` answers EBUSY with every WR of the ULP's released. The campaign's model required Ok there.
+#[test]
+fn a_queue_on_an_overrun_cq_may_wait_for_a_lost_cqe_of_its_own() {
+    let read = Wr { opc: Read, len: 0, signaled: false, fence: false, inline: false };
+    let write = Wr { opc: Write, len: 0, signaled: false, fence: false, inline: false };
+    replay(Case {
+        sim: Sim { seed: 577254271249699696, loss_ppm: 0, ack_loss_ppm: 0, delay_max: 3, ack_delay: 2, tx_per_step: 2 },
+        ops: [ops::prologue(), vec![
+            NewQueue { slot: 3, send_cq: 1, recv_cq: 0, recv: NoRecv, sq: 9, interval: 4, backlog: 0, verify: false },
+            Overrun { cq: 1 },
+            Poll { cq: 0 },
+            Step { n: 33 },
+            Post { slot: 3, wrs: Wrs(vec![read, read]) },
+            Inject { slot: 3, fault: SetError },
+            Step { n: 1 },
+            Overrun { cq: 0 },
+            Post { slot: 1, wrs: Wrs(vec![write, write, write, write, write]) },
+            NewCq { cq: 0, cqe: 8 },
+            Events,
+            Step { n: 1 },
+            Step { n: 33 },
+            Poll { cq: 1 },
+            FreeQueue { slot: 3 },
+        ]].concat(),
+    });
+}
