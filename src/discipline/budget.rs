@@ -18,6 +18,19 @@ pub fn reservation(sq_depth: u32, rq_depth: u32, sends_here: bool, recvs_here: b
     need
 }
 
+/// Whether a queue configured with `signal_interval` may post a WQE of its own that its CQ must have room for
+/// (an idle-tail or drain marker): not with an interval of 1, which signals every WR, so that no unsignaled
+/// tail can exist.
+pub fn posts_markers(signal_interval: u32) -> bool {
+    signal_interval != 1
+}
+
+/// CQEs a queue's sends reserve on their CQ: `reservation`'s, less the marker's when it posts none
+/// (`posts_markers`).
+pub fn send_reservation(sq_depth: u32, signal_interval: u32) -> u64 {
+    reservation(sq_depth, 0, true, false) - u64::from(!posts_markers(signal_interval))
+}
+
 /// The CQ depth a set of queues needs: the sum of their reservations. Counts no SRQ (see `cq_depth_for_srqs`).
 pub fn cq_depth_for(queues: &[(u32, u32)]) -> u64 {
     queues.iter().map(|&(sq, rq)| reservation(sq, rq, true, rq > 0)).sum()
@@ -96,6 +109,15 @@ impl CqBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A queue that signals every WR keeps no CQE for a marker; any other interval (0 is the default) keeps one.
+    #[test]
+    fn only_an_interval_of_1_reserves_no_marker() {
+        assert_eq!(send_reservation(13, 1), 13);
+        for interval in [0, 2, 4, 13] {
+            assert_eq!(send_reservation(13, interval), reservation(13, 0, true, false), "interval {interval}");
+        }
+    }
 
     #[test]
     fn reserve_until_full_then_enospc_with_numbers() {

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared};
-use crate::discipline::budget::reservation;
+use crate::discipline::budget::{posts_markers, reservation, send_reservation};
 use crate::discipline::check::Limits;
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::SEND_INLINE;
@@ -431,19 +431,11 @@ impl Queue {
                 ));
             }
         }
-        let (mut send_need, recv_need) = if same_cq {
-            (reservation(c.sq_depth, c.rq_depth, true, true), 0)
-        } else {
-            (reservation(c.sq_depth, 0, true, false), reservation(0, c.rq_depth, false, recv_cq.is_some()))
-        };
-        // An interval of 1 signals every WR: no unsignaled tail can exist, so no idle-tail or drain marker is
-        // ever posted, and the SQ depth alone bounds the CQEs of the sends.
-        let marker = if c.signal_interval == 1 {
-            send_need -= 1;
-            "every WR signaled, no marker"
-        } else {
-            "1 drain marker"
-        };
+        // Receives completing on the send CQ reserve there, with the sends.
+        let recvs = reservation(0, c.rq_depth, false, recv_cq.is_some());
+        let sends = send_reservation(c.sq_depth, c.signal_interval);
+        let (send_need, recv_need) = if same_cq { (sends + recvs, 0) } else { (sends, recvs) };
+        let marker = if posts_markers(c.signal_interval) { "1 drain marker" } else { "every WR signaled, no marker" };
         let what = if same_cq {
             format!("sq_depth {} + rq_depth {} + {marker}", c.sq_depth, c.rq_depth)
         } else {

@@ -13,7 +13,7 @@ use std::ptr;
 use std::rc::Rc;
 
 use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_event_type as ev, ibv_mr, ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc};
-use sqdisc::discipline::budget::reservation;
+use sqdisc::discipline::budget::{reservation, send_reservation};
 use sqdisc::sim::*;
 use sqdisc::verbs::control::Teardown;
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
@@ -532,8 +532,7 @@ impl World {
             Recv::Shared if srq_there => 0,
             Recv::Shared => SRQ_DEPTH as u64,
         };
-        // With an interval of 1 the queue never posts a marker, so it reserves no CQE for one (Queue::new).
-        let send_need = reservation(granted, 0, true, false) - u64::from(interval == 1);
+        let send_need = send_reservation(granted, interval as u32);
         let fit = if scq == rcq { fits(sc, send_need + recv_need) } else { fits(sc, send_need) && fits(rc, recv_need) };
         // SAFETY: the QP lives until `free_queue` destroys it after the queue is dropped.
         let qh = unsafe { QpHandle::from_raw(qp) }.unwrap();
