@@ -305,16 +305,15 @@ impl SlotRing {
     pub fn complete_through(&self, seq: u64, status: u8, vendor_err: u32) {
         debug_assert!(self.is_pending(seq));
         debug_assert!((self.done.get()..=seq).all(|k| self.get(k).status() == 0 && self.get(k).vendor_err() == 0));
-        if status == 0 && vendor_err == 0 {
-            // The common CQE, a success: the slot already holds status and vendor error 0 (`push`, `free_run`).
-            self.update(seq, |s| s.add_flags(Slot::OWN_CQE));
-        } else {
-            self.update(seq, |s| {
+        self.update(seq, |s| {
+            // The common CQE, a success, leaves status and vendor error as the slot holds them: 0 (`push`,
+            // `free_run`).
+            if status != 0 || vendor_err != 0 {
                 s.set_status(status);
                 s.set_vendor_err(vendor_err);
-                s.add_flags(Slot::OWN_CQE);
-            });
-        }
+            }
+            s.add_flags(Slot::OWN_CQE);
+        });
         self.done.set(seq + 1);
     }
 

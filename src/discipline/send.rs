@@ -243,7 +243,7 @@ impl<T: Parked> SendState<T> {
     }
     /// The slots of a run of `len` posted, not yet released sequence numbers from `seq` (`SlotRing::run_slots`).
     #[inline]
-    pub fn slots_of(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
+    pub fn run_slots(&self, seq: u64, len: u64) -> (&[Cell<Slot>], &[Cell<Slot>]) {
         self.ledger.ring.run_slots(seq, len)
     }
     pub fn ring_capacity(&self) -> usize {

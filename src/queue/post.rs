@@ -160,7 +160,7 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     if run.added.more {
         return restore_flags_too(send, run, cut);
     }
-    let (a, b) = send.slots_of(run.seq, run.len as u64);
+    let (a, b) = send.run_slots(run.seq, run.len as u64);
     // The run was posted cut after its last WR (`post_run`): the walk ends at its NULL link, which is also the
     // end of its slots, so that a WR costs no count.
     let mut w = run.first;
@@ -186,7 +186,7 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
 /// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
 #[inline(never)]
 fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
-    let (a, b) = send.slots_of(run.seq, run.len as u64);
+    let (a, b) = send.run_slots(run.seq, run.len as u64);
     let mut w = run.first;
     let mut left = run.len;
     for part in [a, b] {
