@@ -354,6 +354,50 @@ fn every_chain_is_restored_whatever_the_policy_signaled(make: Make) {
     assert!(st.signaled_by_policy >= 9, "{st:?}");
 }
 
+/// A chain's unsignaled WRs go in one quiet run up to the first WR the ULP signals, wherever that WR is in the
+/// chain and wherever the run begins in the ring (runs of 13 on a ring of 32 begin at every offset and cross
+/// its end at every position): each WR reaches the provider with the library's token and the signal the ULP
+/// asked for, the chain comes back exactly as the ULP built it, and every WR is released once, in order.
+fn a_quiet_run_stops_at_any_wr_and_the_chain_comes_back_whole(make: Make) {
+    let rig = Rig::on(make, config(32, 32, 0), 256);
+    const LEN: usize = 13;
+    // ULP wr_ids far from the first tokens (a token's sequence field counts from 0).
+    const FIRST_ID: u64 = 1 << 20;
+    let mut next_id = FIRST_ID;
+    for round in 0..3 {
+        for stop in 0..=LEN {
+            let flags = |i: usize| if i == stop { SIGNALED } else { 0 };
+            let mut chain = Chain::new();
+            for i in 0..LEN {
+                chain = chain.push(next_id + i as u64, WR_SEND, flags(i), &[8]);
+            }
+            let before = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
+            rig.post(&mut chain).unwrap();
+            let what = format!("round {round}, ULP signal at {stop}");
+            for (i, w) in chain.wrs.iter().enumerate() {
+                assert_eq!((w.wr_id, w.send_flags), (next_id + i as u64, flags(i)), "{what}, WR {i}");
+                let expect = if i + 1 < LEN { &chain.wrs[i + 1] as *const _ } else { std::ptr::null() };
+                assert_eq!(w.next as *const _, expect, "{what}, WR {i}");
+            }
+            assert_eq!(rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize, before + LEN, "{what}");
+            for i in 0..LEN {
+                let wqe = rig.dev.wqe(rig.qp, before + i).unwrap();
+                assert_ne!(wqe.wr_id, next_id + i as u64, "{what}, WR {i}: the provider saw the library's token");
+                if i == stop {
+                    assert_ne!(wqe.send_flags & SIGNALED, 0, "{what}, WR {i}");
+                }
+            }
+            next_id += LEN as u64;
+            for _ in 0..3 {
+                rig.complete(usize::MAX);
+                rig.poll_all();
+            }
+            assert_eq!(rig.released_ids(), (FIRST_ID..next_id).collect::<Vec<_>>(), "{what}");
+        }
+    }
+    rig.assert_no_violations();
+}
+
 /// Chains of one WR take their own path through the post call: the same signals as the policy decides for
 /// longer chains (every third WR, a ULP-signaled WR restarting the count), the library's token at the provider,
 /// and the WR back as the ULP built it.
@@ -427,6 +471,7 @@ fn a_success_is_released_with_vendor_error_0_whatever_the_poll_array_held(make: 
 }
 
 on_both_devices!(
+    a_quiet_run_stops_at_any_wr_and_the_chain_comes_back_whole,
     the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags,
     single_wr_posts_are_signaled_and_restored_as_chains_are,
     every_chain_is_restored_whatever_the_policy_signaled,
