@@ -165,7 +165,19 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     // end of its slots, so that a WR costs no count.
     let mut w = run.first;
     'walk: for part in [a, b] {
-        for slot in part {
+        // Four slots per turn of the loop: a WR costs its slot's load, its store and its link, and the slice's
+        // bound is tested once per four.
+        let mut fours = part.chunks_exact(4);
+        for four in &mut fours {
+            for slot in four {
+                w.set_wr_id(slot.get().wr_id);
+                match w.next() {
+                    Some(x) => w = x,
+                    None => break 'walk,
+                }
+            }
+        }
+        for slot in fours.remainder() {
             w.set_wr_id(slot.get().wr_id);
             match w.next() {
                 Some(x) => w = x,
@@ -173,8 +185,8 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
             }
         }
     }
-    debug_assert!(w.next().is_none(), "a run's slots and WRs end together");
-    w.set_next(cut);
+    debug_assert!(w.next().is_none() && w == run.last, "a run's slots and WRs end together");
+    run.last.set_next(cut);
     if let Some(a) = run.added.first {
         a.set_send_flags(a.send_flags() & !SEND_SIGNALED);
         if let Some(b) = run.added.second {
