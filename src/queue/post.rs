@@ -139,15 +139,37 @@ impl<'a> QuietRun<'a> {
 fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
     let mut last = w;
     let mut token = first_token;
-    for cell in slots {
-        let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { break };
+    // Admits `w` into `cell` and steps to the next WR; `false` where the run stops (`w` not admitted, or the
+    // chain's end).
+    let mut admit = |cell: &Cell<Slot>| {
+        let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { return false };
         cell.set(Slot::new(w.wr_id(), op, 0));
         w.set_wr_id(token);
         token += 1;
         last = w;
         match w.next() {
-            Some(x) => w = x,
-            None => break,
+            Some(x) => {
+                w = x;
+                true
+            }
+            None => false,
+        }
+    };
+    // Four slots per turn of the loop: the slice's bound is tested once per four, and the last WR and the
+    // next take turns in two registers instead of moving from one to the other.
+    let mut fours = slots.chunks_exact(4);
+    'fill: {
+        for four in &mut fours {
+            for cell in four {
+                if !admit(cell) {
+                    break 'fill;
+                }
+            }
+        }
+        for cell in fours.remainder() {
+            if !admit(cell) {
+                break;
+            }
         }
     }
     QuietRun { filled: (token - first_token) as usize, last }
