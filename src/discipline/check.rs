@@ -14,11 +14,21 @@ pub struct WrShape {
     pub sg_list_null: bool,
 }
 
-/// Limits of the queue, as granted by the QP.
+/// Limits of the queue, as granted by the QP, and the table its quiet runs look a WR's opcode up in.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_send_sge: u32,
     pub max_inline_data: u32,
+    /// `PLAIN_WC_OPCODE`, held per queue: a table the compiler cannot see into stays a load and a compare in
+    /// the quiet run's loop (`quiet_wc_opcode`). Of the constant table's entries it makes a bit test whose mask
+    /// takes a register the loop needs, and reloads it at every WR.
+    plain_opcodes: [u8; 16],
+}
+
+impl Limits {
+    pub fn new(max_send_sge: u32, max_inline_data: u32) -> Limits {
+        Limits { max_send_sge, max_inline_data, plain_opcodes: PLAIN_WC_OPCODE }
+    }
 }
 
 /// Checks the shape of a WR; returns its work-completion opcode. Inline length is checked separately
@@ -117,7 +127,7 @@ pub fn quiet_wc_opcode(w: &QuietShape, lim: &Limits) -> Option<u8> {
     if w.opcode_flags & QUIET_REJECT != 0 {
         return None;
     }
-    let op = PLAIN_WC_OPCODE[(w.opcode_flags & (PLAIN_WC_OPCODE.len() as u64 - 1)) as usize];
+    let op = lim.plain_opcodes[(w.opcode_flags & (PLAIN_WC_OPCODE.len() as u64 - 1)) as usize];
     let bad = ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
     if bad {
         None
@@ -173,7 +183,7 @@ mod tests {
     use super::*;
     use crate::discipline::opcode::*;
 
-    const LIM: Limits = Limits { max_send_sge: 2, max_inline_data: 64 };
+    const LIM: Limits = Limits { max_send_sge: 2, max_inline_data: 64, plain_opcodes: PLAIN_WC_OPCODE };
     fn shape(opcode: u32, send_flags: u32, num_sge: i32) -> WrShape {
         WrShape { opcode, send_flags, num_sge, sg_list_null: false }
     }

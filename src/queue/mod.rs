@@ -476,7 +476,7 @@ impl Queue {
             }
             srq.shared.queues.set(srq.shared.queues.get() + 1);
         }
-        let limits = Limits { max_send_sge: c.max_send_sge, max_inline_data: c.max_inline_data };
+        let limits = Limits::new(c.max_send_sge, c.max_inline_data);
         let verify = storage.verify;
         let mut storage_send = storage.send;
         storage_send.set_noting(verify.is_some());
