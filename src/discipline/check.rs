@@ -78,15 +78,17 @@ const PLAIN_WC_OPCODE: [u8; 16] = {
 };
 
 /// The work-completion opcode of a WR that passes every check with nothing more to test: a valid non-atomic,
-/// non-BIND_MW opcode, RC flags without INLINE, `num_sge` in `1..=max_send_sge` and a list. `None` means only
-/// that the full checks (`check_shape` and the rest) must decide (a WR without SGEs is valid, but goes there).
+/// non-BIND_MW opcode, RC flags without INLINE, `num_sge` in `0..=max_send_sge` and a list. `None` means only
+/// that the full checks (`check_shape` and the rest) must decide (a WR without SGEs and without a list is valid,
+/// but goes there).
 /// One test for the common WR, so that the checks cost little per WR on the post path.
 #[inline]
 pub fn plain_wc_opcode(w: &WrShape, lim: &Limits) -> Option<u8> {
     let op = *PLAIN_WC_OPCODE.get(w.opcode as usize)?;
-    // `num_sge - 1` as unsigned makes 0 and a negative count huge, so one comparison bounds it on both sides.
+    // A negative count as unsigned is huge, so one comparison bounds it on both sides; with the list required,
+    // a count of 0 needs no test of its own (its list is not read).
     let bad = (w.send_flags & !PLAIN_FLAGS != 0)
-        | ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge)
+        | (w.num_sge as u32 > lim.max_send_sge)
         | w.sg_list_null
         | (op == NOT_PLAIN);
     if bad {
@@ -128,7 +130,7 @@ pub fn quiet_wc_opcode(w: &QuietShape, lim: &Limits) -> Option<u8> {
         return None;
     }
     let op = lim.plain_opcodes[(w.opcode_flags & (PLAIN_WC_OPCODE.len() as u64 - 1)) as usize];
-    let bad = ((w.num_sge as u32).wrapping_sub(1) >= lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
+    let bad = (w.num_sge as u32 > lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
     if bad {
         None
     } else {
@@ -222,7 +224,10 @@ mod tests {
                     for sg_list_null in [false, true] {
                         let w = WrShape { opcode, send_flags, num_sge, sg_list_null };
                         let full = check_shape(&w, &LIM).ok();
-                        let more = send_flags & SEND_INLINE != 0 || is_atomic(opcode) || opcode == WR_BIND_MW || num_sge == 0;
+                        let more = send_flags & SEND_INLINE != 0
+                            || is_atomic(opcode)
+                            || opcode == WR_BIND_MW
+                            || (num_sge == 0 && sg_list_null);
                         let want = if more { None } else { full };
                         assert_eq!(plain_wc_opcode(&w, &LIM), want, "{w:?}");
                         // A quiet run takes the same WRs, but those the ULP signals.
