@@ -127,8 +127,16 @@ fn warm_up() {
     let _ = run_case(&case);
 }
 
+/// A number from the environment, decimal or `0x` hexadecimal; a value that is neither stops the run, rather than
+/// running with the default.
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    let parsed = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => v.replace('_', "").parse(),
+    };
+    Some(parsed.unwrap_or_else(|e| panic!("{name}={v:?} is not a number (decimal or 0x hexadecimal): {e}")))
 }
 
 #[derive(Default)]
