@@ -20,12 +20,13 @@ pub struct Limits {
     pub max_send_sge: u32,
     pub max_inline_data: u32,
     /// `PLAIN_WC_OPCODE`, held per queue: a table the compiler cannot see into stays a load and a compare in
-    /// the quiet run's loop (`quiet_wc_opcode`). Of the constant table's entries it makes a bit test whose mask
-    /// takes a register the loop needs, and reloads it at every WR.
+    /// the quiet run's loop (`quiet_wc_opcode`). Of the constant table, the compiler makes a bit test whose mask
+    /// takes a register the loop needs, and reloads the mask at every WR.
     plain_opcodes: [u8; 16],
 }
 
 impl Limits {
+    /// The limits a queue's QP granted.
     pub fn new(max_send_sge: u32, max_inline_data: u32) -> Limits {
         Limits { max_send_sge, max_inline_data, plain_opcodes: PLAIN_WC_OPCODE }
     }
