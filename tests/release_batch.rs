@@ -127,7 +127,29 @@ fn a_batch_ends_where_a_deferred_action_is_due(make: Make) {
     assert!(rig.log.borrow().is_empty(), "nothing went to the per-WR handler");
 }
 
-on_both_devices!(successes_come_in_batches_and_every_wr_is_released_once_in_order, a_batch_ends_where_a_deferred_action_is_due);
+/// A run of successes that goes on past the ring's end is one batch, its wr_ids in post order from both parts
+/// of the ring, wherever the run begins: on a ring of 8, runs of 7 retired by one CQE begin at every slot.
+fn a_batch_that_wraps_the_ring_is_whole_and_in_order(make: Make) {
+    let (rig, trace) = batched_rig(make, config(8, 8, 0));
+    let mut next = 0u64;
+    for _ in 0..8 {
+        rig.post(&mut Chain::sends(next..next + 6, 0)).unwrap();
+        rig.post(&mut Chain::sends(next + 6..next + 7, SIGNALED)).unwrap();
+        rig.complete(usize::MAX);
+        rig.poll_all();
+        let want = Seen::Batch((next..next + 7).collect(), WC_SUCCESS, 0);
+        assert_eq!(trace.borrow().last(), Some(&want), "the run from WR {next}");
+        next += 7;
+    }
+    assert_eq!(merged(&trace), (0..next).map(|id| (id, WC_SUCCESS)).collect::<Vec<_>>());
+    assert!(rig.log.borrow().is_empty(), "nothing went to the per-WR handler");
+}
+
+on_both_devices!(
+    successes_come_in_batches_and_every_wr_is_released_once_in_order,
+    a_batch_ends_where_a_deferred_action_is_due,
+    a_batch_that_wraps_the_ring_is_whole_and_in_order
+);
 
 /// Inside the batch handler, the queue counts the whole batch as released, and the handler may post on its own
 /// queue: those WRs are released later, in order.
