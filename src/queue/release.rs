@@ -331,7 +331,9 @@ impl QueueShared {
             let count = if ring.is_plain_from(tail) && !ledger.has_failed() {
                 // Successes of the ULP's WRs only: the whole run is one batch.
                 copy_wr_ids(first_part, out_first);
-                copy_wr_ids(wrapped, out_wrapped);
+                if !wrapped.is_empty() {
+                    copy_wr_ids(wrapped, out_wrapped);
+                }
                 debug_assert!(
                     first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
                         && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
