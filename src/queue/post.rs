@@ -132,6 +132,22 @@ impl<'a> QuietRun<'a> {
     }
 }
 
+/// Calls `step` on the items in order while it returns `true`; whether it did for every item. Four items per turn
+/// of the loop, so that the slice's bound is tested once per four: for the per-WR walks of a post (`fill_quiet`,
+/// `restore_run`), whose steps are a few instructions each.
+#[inline(always)]
+fn each_by_fours<T>(items: &[T], mut step: impl FnMut(&T) -> bool) -> bool {
+    let mut fours = items.chunks_exact(4);
+    for four in &mut fours {
+        for item in four {
+            if !step(item) {
+                return false;
+            }
+        }
+    }
+    fours.remainder().iter().all(step)
+}
+
 /// The loop of a quiet run (`Admission::quiet_run`): admits WRs from `w` into `slots` in order while they pass
 /// `quiet_wc_opcode`, each with its slot and the next token from `token`. Out of line, with only its own values
 /// live, so that the per-WR loop keeps them all in registers.
@@ -141,7 +157,7 @@ fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limi
     let mut token = first_token;
     // Admits `w` into `cell` and steps to the next WR; `false` where the run stops (`w` not admitted, or the
     // chain's end).
-    let mut admit = |cell: &Cell<Slot>| {
+    let admit = |cell: &Cell<Slot>| {
         let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { return false };
         cell.set(Slot::new(w.wr_id(), op, 0));
         w.set_wr_id(token);
@@ -155,23 +171,9 @@ fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limi
             None => false,
         }
     };
-    // Four slots per turn of the loop: the slice's bound is tested once per four, and the last WR and the
-    // next take turns in two registers instead of moving from one to the other.
-    let mut fours = slots.chunks_exact(4);
-    'fill: {
-        for four in &mut fours {
-            for cell in four {
-                if !admit(cell) {
-                    break 'fill;
-                }
-            }
-        }
-        for cell in fours.remainder() {
-            if !admit(cell) {
-                break;
-            }
-        }
-    }
+    // By fours, the last WR and the next also take turns in two registers instead of moving from one to the
+    // other.
+    each_by_fours(slots, admit);
     QuietRun { filled: (token - first_token) as usize, last }
 }
 
@@ -184,28 +186,20 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     }
     let (a, b) = send.run_slots(run.seq, run.len as u64);
     // The run was posted cut after its last WR (`post_run`): the walk ends at its NULL link, which is also the
-    // end of its slots, so that a WR costs no count.
+    // end of its slots, so that a WR costs no count, only its slot's load, its store and its link.
     let mut w = run.first;
-    'walk: for part in [a, b] {
-        // Four slots per turn of the loop: a WR costs its slot's load, its store and its link, and the slice's
-        // bound is tested once per four.
-        let mut fours = part.chunks_exact(4);
-        for four in &mut fours {
-            for slot in four {
-                w.set_wr_id(slot.get().wr_id);
-                match w.next() {
-                    Some(x) => w = x,
-                    None => break 'walk,
-                }
+    let mut restore = |slot: &Cell<Slot>| {
+        w.set_wr_id(slot.get().wr_id);
+        match w.next() {
+            Some(x) => {
+                w = x;
+                true
             }
+            None => false,
         }
-        for slot in fours.remainder() {
-            w.set_wr_id(slot.get().wr_id);
-            match w.next() {
-                Some(x) => w = x,
-                None => break 'walk,
-            }
-        }
+    };
+    if each_by_fours(a, &mut restore) {
+        each_by_fours(b, &mut restore);
     }
     debug_assert!(w.next().is_none() && w == run.last, "a run's slots and WRs end together");
     run.last.set_next(cut);
