@@ -19,16 +19,43 @@ pub struct WrShape {
 pub struct Limits {
     pub max_send_sge: u32,
     pub max_inline_data: u32,
-    /// `PLAIN_WC_OPCODE`, held per queue: a table the compiler cannot see into stays a load and a compare in
-    /// the quiet run's loop (`quiet_wc_opcode`). Of the constant table, the compiler makes a bit test whose mask
-    /// takes a register the loop needs, and reloads the mask at every WR.
-    plain_opcodes: [u8; 16],
+    /// Per opcode below 16, what a quiet run needs of it (`quiet_wc_opcode`): the bound `num_sge` must stay under
+    /// (as unsigned) and the work-completion opcode. The bound is `max_send_sge + 1` for an opcode
+    /// `PLAIN_WC_OPCODE` gives, 0 for the others, so that one compare tests the opcode and the count at once.
+    /// Held per queue: a table the compiler cannot see into stays a load and a compare in the quiet run's loop.
+    /// Of a constant table, the compiler makes a bit test whose mask takes a register the loop needs, and
+    /// reloads the mask at every WR.
+    quiet: [QuietOpcode; 16],
 }
 
 impl Limits {
     /// The limits a queue's QP granted.
     pub fn new(max_send_sge: u32, max_inline_data: u32) -> Limits {
-        Limits { max_send_sge, max_inline_data, plain_opcodes: PLAIN_WC_OPCODE }
+        // `num_sge` is an `int`: a count of 2^31 or more is negative, so the limit stays below 2^31 and a negative
+        // count, compared as unsigned, is always over it.
+        let max_send_sge = max_send_sge.min(i32::MAX as u32);
+        let bound = max_send_sge + 1;
+        let quiet = PLAIN_WC_OPCODE.map(|op| QuietOpcode::new(if op == NOT_PLAIN { 0 } else { bound }, op));
+        Limits { max_send_sge, max_inline_data, quiet }
+    }
+}
+
+/// An entry of `Limits::quiet`: the bound in the low half, the work-completion opcode in the high half, read as
+/// one word.
+#[derive(Debug, Clone, Copy)]
+struct QuietOpcode(u64);
+
+impl QuietOpcode {
+    const fn new(sge_bound: u32, wc_opcode: u8) -> QuietOpcode {
+        QuietOpcode(sge_bound as u64 | (wc_opcode as u64) << 32)
+    }
+    #[inline]
+    fn sge_bound(self) -> u32 {
+        self.0 as u32
+    }
+    #[inline]
+    fn wc_opcode(self) -> u32 {
+        (self.0 >> 32) as u32
     }
 }
 
@@ -124,18 +151,18 @@ const QUIET_REJECT: u64 = !((QUIET_FLAGS as u64) << 32 | (PLAIN_WC_OPCODE.len() 
 
 /// `plain_wc_opcode` for a WR of a quiet run (one the signal policy leaves unsignaled): `None` as well when the
 /// ULP signals it, which ends the run. One mask tests the opcode's range, the signal and the flags the full
-/// checks need.
+/// checks need. The opcode comes as a `u32` (below 256) for `Slot::unsignaled`, with no conversion to make.
 #[inline]
-pub fn quiet_wc_opcode(w: &QuietShape, lim: &Limits) -> Option<u8> {
+pub fn quiet_wc_opcode(w: &QuietShape, lim: &Limits) -> Option<u32> {
     if w.opcode_flags & QUIET_REJECT != 0 {
         return None;
     }
-    let op = lim.plain_opcodes[(w.opcode_flags & (PLAIN_WC_OPCODE.len() as u64 - 1)) as usize];
-    let bad = (w.num_sge as u32 > lim.max_send_sge) | w.sg_list_null | (op == NOT_PLAIN);
-    if bad {
+    let i = w.opcode_flags as usize & (PLAIN_WC_OPCODE.len() - 1);
+    let e = lim.quiet[i];
+    if w.num_sge as u32 >= e.sge_bound() || w.sg_list_null {
         None
     } else {
-        Some(op)
+        Some(e.wc_opcode())
     }
 }
 
@@ -186,54 +213,62 @@ mod tests {
     use super::*;
     use crate::discipline::opcode::*;
 
-    const LIM: Limits = Limits { max_send_sge: 2, max_inline_data: 64, plain_opcodes: PLAIN_WC_OPCODE };
+    fn lim() -> Limits {
+        Limits::new(2, 64)
+    }
     fn shape(opcode: u32, send_flags: u32, num_sge: i32) -> WrShape {
         WrShape { opcode, send_flags, num_sge, sg_list_null: false }
     }
 
     #[test]
     fn accepts_good_and_names_what_is_bad() {
-        assert_eq!(check_shape(&shape(WR_SEND, SEND_SIGNALED | SEND_INLINE, 2), &LIM).unwrap(), WC_SEND);
-        assert_eq!(check_shape(&shape(WR_RDMA_READ, SEND_FENCE, 1), &LIM).unwrap(), WC_RDMA_READ);
-        let e = check_shape(&shape(42, 0, 1), &LIM).unwrap_err();
+        assert_eq!(check_shape(&shape(WR_SEND, SEND_SIGNALED | SEND_INLINE, 2), &lim()).unwrap(), WC_SEND);
+        assert_eq!(check_shape(&shape(WR_RDMA_READ, SEND_FENCE, 1), &lim()).unwrap(), WC_RDMA_READ);
+        let e = check_shape(&shape(42, 0, 1), &lim()).unwrap_err();
         assert!(e.message().contains("opcode 42"), "{}", e.message());
-        let e = check_shape(&shape(WR_SEND, 0x100, 1), &LIM).unwrap_err();
+        let e = check_shape(&shape(WR_SEND, 0x100, 1), &lim()).unwrap_err();
         assert!(e.message().contains("0x100"), "{}", e.message());
-        let e = check_shape(&shape(WR_SEND, 0, 3), &LIM).unwrap_err();
+        let e = check_shape(&shape(WR_SEND, 0, 3), &lim()).unwrap_err();
         assert!(e.message().contains("num_sge 3"), "{}", e.message());
-        assert!(check_shape(&shape(WR_SEND, 0, -1), &LIM).is_err());
-        assert!(check_shape(&WrShape { sg_list_null: true, ..shape(WR_SEND, 0, 1) }, &LIM).is_err());
-        assert!(check_shape(&shape(WR_RDMA_READ, SEND_INLINE, 1), &LIM).is_err());
-        assert_eq!(check_inline(65, &LIM).unwrap_err().errno(), libc::EINVAL);
+        assert!(check_shape(&shape(WR_SEND, 0, -1), &lim()).is_err());
+        assert!(check_shape(&WrShape { sg_list_null: true, ..shape(WR_SEND, 0, 1) }, &lim()).is_err());
+        assert!(check_shape(&shape(WR_RDMA_READ, SEND_INLINE, 1), &lim()).is_err());
+        assert_eq!(check_inline(65, &lim()).unwrap_err().errno(), libc::EINVAL);
         assert!(check_atomic(8, 0x1000).is_ok());
         assert!(check_atomic(16, 0x1000).unwrap_err().message().contains("16 bytes"));
         assert!(check_atomic(0, 0x1000).is_err());
         assert!(check_atomic(8, 0x1004).unwrap_err().message().contains("0x1004"));
         assert!(is_atomic(WR_ATOMIC_FETCH_AND_ADD) && is_atomic(WR_ATOMIC_CMP_AND_SWP) && !is_atomic(WR_RDMA_READ));
         assert!(check_bind_mw(true).is_err() && check_bind_mw(false).is_ok());
-        assert!(check_inline(64, &LIM).is_ok());
+        assert!(check_inline(64, &lim()).is_ok());
     }
 
     /// The fast test accepts exactly what the full checks accept with nothing more to test, with the same
     /// opcode, over every opcode, every flag combination and the edges of num_sge and sg_list.
     #[test]
     fn plain_wc_opcode_agrees_with_the_full_checks() {
+        for max_send_sge in [2, i32::MAX as u32, u32::MAX] {
+            agrees_with_the_full_checks(&Limits::new(max_send_sge, 64));
+        }
+    }
+
+    fn agrees_with_the_full_checks(lim: &Limits) {
         let mut plain = 0;
         for opcode in (0..20u32).chain([16, 255, 0x1_0000, u32::MAX]) {
             for send_flags in (0..32u32).chain([0x100, 0x8000_0000]) {
-                for num_sge in [-1, 0, 1, 2, 3, i32::MIN, i32::MAX] {
+                for num_sge in [-1, 0, 1, 2, 3, i32::MIN, i32::MAX, i32::MAX - 1] {
                     for sg_list_null in [false, true] {
                         let w = WrShape { opcode, send_flags, num_sge, sg_list_null };
-                        let full = check_shape(&w, &LIM).ok();
+                        let full = check_shape(&w, lim).ok();
                         let more = send_flags & SEND_INLINE != 0
                             || is_atomic(opcode)
                             || opcode == WR_BIND_MW
                             || (num_sge == 0 && sg_list_null);
                         let want = if more { None } else { full };
-                        assert_eq!(plain_wc_opcode(&w, &LIM), want, "{w:?}");
+                        assert_eq!(plain_wc_opcode(&w, lim), want, "{w:?} {lim:?}");
                         // A quiet run takes the same WRs, but those the ULP signals.
                         let quiet = if send_flags & SEND_SIGNALED != 0 { None } else { want };
-                        assert_eq!(quiet_wc_opcode(&QuietShape::of(&w), &LIM), quiet, "{w:?}");
+                        assert_eq!(quiet_wc_opcode(&QuietShape::of(&w), lim), quiet.map(u32::from), "{w:?} {lim:?}");
                         plain += usize::from(want.is_some());
                     }
                 }

@@ -41,6 +41,13 @@ impl Slot {
     pub fn new(wr_id: u64, opcode: u8, flags: u8) -> Slot {
         Slot { wr_id, meta: opcode as u64 | (flags as u64) << 8 }
     }
+    /// A slot posted unsignaled, pending: `Slot::new(wr_id, wc_opcode, 0)` for an opcode already known to be below
+    /// 256 (`quiet_wc_opcode`), with no conversion on the quiet run's path.
+    #[inline]
+    pub fn unsignaled(wr_id: u64, wc_opcode: u32) -> Slot {
+        debug_assert!(wc_opcode <= u32::from(u8::MAX));
+        Slot { wr_id, meta: u64::from(wc_opcode) }
+    }
     /// The second word as a whole: two slots with the same one give the same completion but for the wr_id.
     #[inline]
     pub fn meta(&self) -> u64 {

@@ -159,7 +159,7 @@ fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limi
     // chain's end).
     let admit = |cell: &Cell<Slot>| {
         let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { return false };
-        cell.set(Slot::new(w.wr_id(), op, 0));
+        cell.set(Slot::unsignaled(w.wr_id(), op));
         w.set_wr_id(token);
         token += 1;
         last = w;
