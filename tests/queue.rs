@@ -398,6 +398,47 @@ fn a_quiet_run_stops_at_any_wr_and_the_chain_comes_back_whole(make: Make) {
     rig.assert_no_violations();
 }
 
+/// A quiet run may end with the WR the policy signals because it takes the last free slot: that WR alone is
+/// posted signaled, the rest of the chain is parked behind it, the chain comes back whole, and every WR is
+/// released once, in order.
+fn a_quiet_run_that_takes_the_last_slot_parks_the_rest(make: Make) {
+    let rig = Rig::on(make, config(8, 8, 16), 64);
+    let mut next_id = 0;
+    let mut wqes = 0;
+    for (lead, len) in [(0, 12), (3, 10), (7, 4), (0, 8), (5, 3)] {
+        // `lead` WRs first, in a call of their own, so that the chain's quiet run begins with fewer credits.
+        if lead > 0 {
+            rig.post(&mut Chain::sends(next_id..next_id + lead, 0)).unwrap();
+            next_id += lead;
+        }
+        let credits = 8 - lead;
+        let mut chain = Chain::sends(next_id..next_id + len, 0);
+        rig.post(&mut chain).unwrap();
+        let what = format!("{lead} WRs, then a chain of {len}");
+        for (i, w) in chain.wrs.iter().enumerate() {
+            assert_eq!((w.wr_id, w.send_flags), (next_id + i as u64, 0), "{what}, WR {i}");
+            let expect = if i + 1 < chain.wrs.len() { &chain.wrs[i + 1] as *const _ } else { std::ptr::null() };
+            assert_eq!(w.next as *const _, expect, "{what}, WR {i}");
+        }
+        let st = rig.q().stats();
+        let posted = len.min(credits);
+        assert_eq!((st.in_provider, st.backlog as u64, st.credits), (8, len - posted, 0), "{what}: {st:?}");
+        let signaled: Vec<bool> =
+            (0..8).map(|i| rig.dev.wqe(rig.qp, wqes + i).unwrap().send_flags & SIGNALED != 0).collect();
+        let mut want = vec![false; 8];
+        want[7] = true;
+        assert_eq!(signaled, want, "{what}: only the WR that fills the SQ is signaled");
+        next_id += len;
+        for _ in 0..20 {
+            rig.complete(usize::MAX);
+            rig.poll_all();
+        }
+        assert_eq!(rig.released_ids(), (0..next_id).collect::<Vec<_>>(), "{what}");
+        wqes = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
+    }
+    rig.assert_no_violations();
+}
+
 /// Chains of one WR take their own path through the post call: the same signals as the policy decides for
 /// longer chains (every third WR, a ULP-signaled WR restarting the count), the library's token at the provider,
 /// and the WR back as the ULP built it.
@@ -472,6 +513,7 @@ fn a_success_is_released_with_vendor_error_0_whatever_the_poll_array_held(make: 
 
 on_both_devices!(
     a_quiet_run_stops_at_any_wr_and_the_chain_comes_back_whole,
+    a_quiet_run_that_takes_the_last_slot_parks_the_rest,
     the_releases_of_one_cqe_each_carry_their_own_opcode_and_flags,
     single_wr_posts_are_signaled_and_restored_as_chains_are,
     every_chain_is_restored_whatever_the_policy_signaled,

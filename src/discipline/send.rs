@@ -371,28 +371,46 @@ impl<T: Parked> SendState<T> {
         (self.policy.interval() - 1).saturating_sub(self.policy.run()).min(credits - 1)
     }
 
-    /// The free slots a post call may fill with WRs the policy leaves unsignaled, from the next one, and the
-    /// first one's sequence number and token (`token_base` as for `admission`): as many as `room` allows, short
-    /// of the WR the policy signals next (so fewer than `credits`, which is `postable()`, at least 1) and of the
-    /// ring's end. The caller fills a prefix of them in order with `Slot::new(wr_id, wc_opcode, 0)`, gives the
-    /// WRs consecutive tokens, and reports how many with `quiet_admitted` before anything else: an `admission`
-    /// for a call whose WRs are all unsignaled, without its set-up.
+    /// The free slots a post call may fill in a quiet run, from the next one, the first one's sequence number
+    /// and token (`token_base` as for `admission`), and how many of them the policy leaves unsignaled (the
+    /// `gap`): as many slots as `room` allows, up to and including the WR the policy signals next (so at most
+    /// `credits`, which is `postable()`, at least 1), short of the ring's end. The caller fills a prefix of them
+    /// in order with `Slot::unsignaled(wr_id, wc_opcode)`, gives the WRs consecutive tokens, and reports how many
+    /// with `quiet_admitted` before anything else: an `admission` for a call whose WRs the ULP leaves
+    /// unsignaled, without its set-up.
     #[inline]
-    pub fn quiet_run(&self, credits: u32, room: u32, token_base: u64) -> (&[Cell<Slot>], u64, u64) {
+    pub fn quiet_run(&self, credits: u32, room: u32, token_base: u64) -> (&[Cell<Slot>], u64, u64, u32) {
         debug_assert!(credits > 0 && credits == self.credits() && self.backlog.is_empty());
-        let gap = self.quiet_gap(credits).min(room);
-        let (slots, head) = self.ledger.ring.free_run(u64::from(gap));
+        let gap = self.quiet_gap(credits);
+        let (slots, head) = self.ledger.ring.free_run(u64::from((gap + 1).min(room)));
         debug_assert!(slots.len() as u64 <= Token::seqs_before_wrap(head));
-        (slots, head, Token::from_base(token_base, head).0)
+        (slots, head, Token::from_base(token_base, head).0, gap)
     }
 
-    /// The first `k` slots of `quiet_run` are filled: their WRs are accepted and posted, unsignaled.
+    /// The first `k` slots of a `quiet_run` whose gap was `gap` are filled: their WRs are accepted and posted,
+    /// unsignaled, but for a `k`-th past the gap: the WR the policy signals (the interval's last, or the one
+    /// that takes the last free slot). Returns whether there is one; its WR must be posted with
+    /// `IBV_SEND_SIGNALED`.
     #[inline]
-    pub fn quiet_admitted(&mut self, k: u32) {
+    pub fn quiet_admitted(&mut self, k: u32, gap: u32) -> bool {
         let head = self.ledger.ring.head();
         self.ledger.ring.set_head(head + u64::from(k));
         self.accepted += u64::from(k);
+        if k > gap {
+            self.signal_quiet_end(head + u64::from(k) - 1);
+            return true;
+        }
         self.policy.set_run(self.policy.run() + k);
+        false
+    }
+
+    /// `quiet_admitted`'s WR that the policy signals, at `seq`: its slot says so, the run of unsignaled WRs
+    /// starts again.
+    #[inline]
+    fn signal_quiet_end(&mut self, seq: u64) {
+        self.ledger.ring.update(seq, |s| s.add_flags(Slot::SIGNALED));
+        self.policy.note_signaled();
+        self.counters.signaled_by_policy += 1;
     }
 
     /// Stores what an `admission` decided: its WRs are accepted and posted (as many `admit_posted` calls).
@@ -940,18 +958,20 @@ mod tests {
                 // A third of the calls begin as the post path's chains do: one quiet run, for as many WRs as it
                 // has room and the ULP leaves unsignaled.
                 if call % 3 == 2 {
-                    let (quiet, seq, token) = bulk.quiet_run(credits, n, base);
+                    let (quiet, seq, token, gap) = bulk.quiet_run(credits, n, base);
                     assert_eq!(seq, bulk.wqes());
                     let mut filled = 0;
                     while filled < quiet.len() && k < n && (rng >> (16 + k % 40)) & 7 != 0 {
                         let wr_id = call * 1000 + k as u64;
-                        quiet[filled].set(Slot::new(wr_id, 3, 0));
+                        quiet[filled].set(Slot::unsignaled(wr_id, 3));
                         let (seq, signaled) = one.admit_posted(wr_id, 3, false, credits - k);
-                        assert_eq!((token + filled as u64, false), (Token::from_base(base, seq).0, signaled), "call {call} WR {k}");
+                        // Only the run's slot past the gap is the policy's signal.
+                        let want = (token + filled as u64, filled as u32 == gap);
+                        assert_eq!(want, (Token::from_base(base, seq).0, signaled), "call {call} WR {k}");
                         filled += 1;
                         k += 1;
                     }
-                    bulk.quiet_admitted(filled as u32);
+                    assert_eq!(bulk.quiet_admitted(filled as u32, gap), filled as u32 > gap);
                 }
                 // As the post path does: admissions until the call's WRs are in (one stops where the ring wraps).
                 while k < n {

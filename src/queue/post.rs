@@ -274,11 +274,16 @@ impl QueueShared {
             // The common chain: plain WRs that fit in the free slots, the policy leaving them all unsignaled,
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
             // policy signals on) goes on in the same run (`post_signaled`).
-            let (quiet, seq, token) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
+            let (quiet, seq, token, gap) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
             let filled = fill_quiet(quiet, first, token, &self.limits);
             let n = filled.filled as u32;
-            st.send.quiet_admitted(n);
-            let run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
+            let mut run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
+            if st.send.quiet_admitted(n, gap) {
+                // The run's last WR is the one the policy signals.
+                let w = filled.last;
+                w.set_send_flags(w.send_flags() | SEND_SIGNALED);
+                run.added.push(w);
+            }
             match filled.stop(first) {
                 None => match self.post_run(st, run, None) {
                     Ok(()) => {
@@ -288,9 +293,11 @@ impl QueueShared {
                     }
                     Err(f) => Err(self.run_refused(st, run, f)),
                 },
-                // The chain's last WR, signaled after the quiet run (the interval's end or the last free slot,
-                // or the ULP's request): admitted as `post_one` admits one WR. The quiet run left at least one
-                // credit, the one the last free slot's signal needs.
+                // The quiet run took the last free slot (its last WR is the policy's signal): the WRs from `w`
+                // on are parked.
+                Some(w) if n == credits => self.post_general(st, w, run, 0, false),
+                // The chain's last WR, stopped at by the quiet run (the ULP signals it, or it needs more than the
+                // quiet checks, or the run was full): admitted as `post_one` admits one WR.
                 Some(w) if w.next().is_none() && n < MAX_RUN => {
                     let shape = w.shape();
                     match plain_wc_opcode(&shape, &self.limits) {
