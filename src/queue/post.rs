@@ -296,8 +296,8 @@ impl QueueShared {
                 // The quiet run took the last free slot (its last WR is the policy's signal): the WRs from `w`
                 // on are parked.
                 Some(w) if n == credits => self.post_general(st, w, run, 0, false),
-                // The chain's last WR, stopped at by the quiet run (the ULP signals it, or it needs more than the
-                // quiet checks, or the run was full): admitted as `post_one` admits one WR.
+                // The chain's last WR, stopped at by the quiet run (the ULP signals it, or the run's slots ended
+                // at the ring's end): admitted as `post_one` admits one WR if it passes the plain checks.
                 Some(w) if w.next().is_none() && n < MAX_RUN => {
                     let shape = w.shape();
                     match plain_wc_opcode(&shape, &self.limits) {
