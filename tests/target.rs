@@ -1050,9 +1050,11 @@ fn event_mode_run(seed: u64, total: u64) -> SleeperReport {
             drop(cq);
             r
         });
-        let r = sleeper.join().unwrap();
+        let r = sleeper.join();
+        // The driver stops however the sleeper ended: a sleeper that panicked fails the test with its own message
+        // rather than leaving the driver, and so the scope, running forever.
         done.store(true, SeqCst);
-        r
+        r.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     });
     // SAFETY: our eventfd.
     unsafe { libc::close(efd) };
