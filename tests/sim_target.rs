@@ -594,6 +594,9 @@ fn several_threads_on_one_device_are_serialised_by_the_device_lock() {
         for &((a, ca), (b, cb)) in &pairs {
             let done = &done;
             s.spawn(move || {
+                // Counted however the worker ends: a worker that panics stops the driver too, so the test fails
+                // instead of running forever.
+                let _done = CountOnDrop(done);
                 let (a, ca, b, cb) = (a, ca, b, cb); // whole wrappers, not their raw fields
                 let (mut posted, mut sends, mut recvs) = (0u64, 0u64, 0u64);
                 while sends < n || recvs < n {
@@ -611,12 +614,20 @@ fn several_threads_on_one_device_are_serialised_by_the_device_lock() {
                         recvs += 1;
                     }
                 }
-                done.fetch_add(1, Ordering::Release);
             });
         }
     });
     let st = dev.stats();
     assert_eq!((st.wqes, st.recvs, st.violations), (2 * n, 2 * n, 0));
+}
+
+/// Adds one to the counter when dropped, on return or unwind.
+struct CountOnDrop<'a>(&'a AtomicUsize);
+
+impl Drop for CountOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
 }
 
 // ---- scale ------------------------------------------------------------------------------------------------
