@@ -503,6 +503,11 @@ impl CqShared {
     /// then polls again while the CQ fills the caller's room. Returns how many entries of `out` are kept.
     #[inline(always)]
     fn reap_batches(&self, out: &mut [ibv_wc], first: usize) -> Result<usize> {
+        // The common poll: the provider left room in `out`, so the CQ is empty now and one pass is all.
+        if first < out.len() {
+            bump(&self.counts.short_polls, 1);
+            return Ok(self.reap_pass(out, 0, first));
+        }
         let mut kept = 0;
         let mut n = first;
         // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
@@ -514,26 +519,7 @@ impl CqShared {
         loop {
             let room = out.len() - kept;
             reaped += n;
-            let mut w = kept;
-            for i in kept..kept + n {
-                match self.reap(&out[i]) {
-                    CqeFate::Visible(wr_id) => {
-                        if w != i {
-                            out.swap(w, i);
-                        }
-                        out[w].wr_id = wr_id;
-                        w += 1;
-                    }
-                    CqeFate::Passthrough => {
-                        if w != i {
-                            out.swap(w, i);
-                        }
-                        w += 1;
-                    }
-                    CqeFate::Hidden | CqeFate::Stray => {}
-                }
-            }
-            kept = w;
+            kept = self.reap_pass(out, kept, n);
             if n < room {
                 bump(&self.counts.short_polls, 1);
                 break;
@@ -547,6 +533,32 @@ impl CqShared {
             n = self.handle.poll(&mut out[kept..])?;
         }
         Ok(kept)
+    }
+
+    /// Processes the `n` CQEs the provider put in `out` from `kept` on, keeping the ones the ULP sees (with its
+    /// wr_id) in order from `kept`. Returns the new count of kept entries.
+    #[inline(always)]
+    fn reap_pass(&self, out: &mut [ibv_wc], kept: usize, n: usize) -> usize {
+        let mut w = kept;
+        for i in kept..kept + n {
+            match self.reap(&out[i]) {
+                CqeFate::Visible(wr_id) => {
+                    if w != i {
+                        out.swap(w, i);
+                    }
+                    out[w].wr_id = wr_id;
+                    w += 1;
+                }
+                CqeFate::Passthrough => {
+                    if w != i {
+                        out.swap(w, i);
+                    }
+                    w += 1;
+                }
+                CqeFate::Hidden | CqeFate::Stray => {}
+            }
+        }
+        w
     }
 
     /// Maps one CQE to its queue and processes it (releases, callbacks, backlog).
