@@ -783,12 +783,6 @@ impl Admitted {
 }
 
 impl<'s> Admission<'s> {
-    /// The first sequence number of this admission.
-    #[inline]
-    pub fn start_seq(&self) -> u64 {
-        self.start
-    }
-
     /// Whether the admission took as many WRs as it may.
     #[inline]
     pub fn is_full(&self) -> bool {

@@ -18,14 +18,13 @@ use super::{QueueShared, QueueState, closed_error};
 /// Most WRs posted with one doorbell: longer runs are posted in pieces.
 const MAX_RUN: u32 = 64;
 
-/// WRs admitted for posting and not yet posted: `len` WRs from `first` to `last`, of consecutive sequence
-/// numbers from `seq`. The ring slots hold what to restore in them afterwards (the ULP's wr_id, and whether the
-/// ULP itself asked for IBV_SEND_SIGNALED).
+/// WRs admitted for posting and not yet posted: `len` WRs from `first` to `last`, the newest in the ring (of
+/// consecutive sequence numbers up to the ring's head: `Run::seq`). The ring slots hold what to restore in them
+/// afterwards (the ULP's wr_id, and whether the ULP itself asked for IBV_SEND_SIGNALED).
 #[derive(Clone, Copy)]
 struct Run<'a> {
     first: WrPtr<'a>,
     last: WrPtr<'a>,
-    seq: u64,
     len: u32,
     added: Added<'a>,
 }
@@ -33,16 +32,22 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     /// No WR yet (its WRs will be from `first` on).
     fn empty(first: WrPtr<'a>) -> Run<'a> {
-        Run { first, last: first, seq: 0, len: 0, added: Added::default() }
+        Run { first, last: first, len: 0, added: Added::default() }
     }
 
-    /// The run goes on with `n` WRs admitted from `from` (the first of sequence `seq`) to `last`.
+    /// The sequence number of the run's first WR: a run is posted before anything else is admitted, so its WRs
+    /// are the ring's newest. Not carried in the run, whose fields the post path keeps across the provider call.
+    #[inline]
+    fn seq(&self, send: &SendState<StagedWr>) -> u64 {
+        send.wqes() - u64::from(self.len)
+    }
+
+    /// The run goes on with `n` WRs admitted from `from` to `last`, the ring's newest.
     #[inline(always)]
-    fn extend(&mut self, from: WrPtr<'a>, seq: u64, n: u32, last: WrPtr<'a>) {
+    fn extend(&mut self, from: WrPtr<'a>, n: u32, last: WrPtr<'a>) {
         if n > 0 {
             if self.len == 0 {
                 self.first = from;
-                self.seq = seq;
             }
             self.len += n;
             self.last = last;
@@ -184,7 +189,7 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
     if run.added.more {
         return restore_flags_too(send, run, cut);
     }
-    let (a, b) = send.run_slots(run.seq, run.len as u64);
+    let (a, b) = send.run_slots(run.seq(send), run.len as u64);
     // The run was posted cut after its last WR (`post_run`): the walk ends at its NULL link, which is also the
     // end of its slots, so that a WR costs no count, only its slot's load, its store and its link.
     let mut w = run.first;
@@ -214,7 +219,7 @@ fn restore_run(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>)
 /// `restore_run` for a run with more than two WRs the policy signaled: each WR's flags from its slot.
 #[inline(never)]
 fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr<'_>>) {
-    let (a, b) = send.run_slots(run.seq, run.len as u64);
+    let (a, b) = send.run_slots(run.seq(send), run.len as u64);
     let mut w = run.first;
     let mut left = run.len;
     for part in [a, b] {
@@ -274,10 +279,10 @@ impl QueueShared {
             // The common chain: plain WRs that fit in the free slots, the policy leaving them all unsignaled,
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
             // policy signals on) goes on in the same run (`post_signaled`).
-            let (quiet, seq, token, gap) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
+            let (quiet, _, token, gap) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
             let filled = fill_quiet(quiet, first, token, &self.limits);
             let n = filled.filled as u32;
-            let mut run = Run { first, last: filled.last, seq, len: n, added: Added::default() };
+            let mut run = Run { first, last: filled.last, len: n, added: Added::default() };
             if st.send.quiet_admitted(n, gap) {
                 // The run's last WR is the one the policy signals.
                 let w = filled.last;
@@ -310,7 +315,7 @@ impl QueueShared {
                                 w.set_send_flags(shape.send_flags | SEND_SIGNALED);
                                 run.added.push(w);
                             }
-                            run.extend(w, seq, 1, w);
+                            run.extend(w, 1, w);
                             match self.post_run(st, run, None) {
                                 Ok(()) => {
                                     self.settle_tail(st);
@@ -358,7 +363,7 @@ impl QueueShared {
         match r {
             Ok(()) => Ok(()),
             Err(f) => {
-                let run = Run { first: w, last: w, seq, len: 1, added: Added::default() };
+                let run = Run { first: w, last: w, len: 1, added: Added::default() };
                 Err(self.run_refused(st, run, f))
             }
         }
@@ -372,8 +377,8 @@ impl QueueShared {
     #[inline(never)]
     fn post_signaled<'a>(&self, st: &mut QueueState, from: WrPtr<'a>, mut run: Run<'a>, credits: u32) -> std::result::Result<(), PostError<'a>> {
         let room = credits.min(MAX_RUN - run.len);
-        let (m, seq, last, next) = self.admit_plain(&mut st.send, from, credits, room, &mut run.added);
-        run.extend(from, seq, m, last);
+        let (m, last, next) = self.admit_plain(&mut st.send, from, credits, room, &mut run.added);
+        run.extend(from, m, last);
         match next {
             None => match self.post_run(st, run, None) {
                 Ok(()) => Ok(()),
@@ -411,9 +416,9 @@ impl QueueShared {
                 if run.len == 0 {
                     run.added = Added::default();
                 }
-                let (n, seq, last, next) = self.admit_plain(&mut st.send, w, credits, room, &mut run.added);
+                let (n, last, next) = self.admit_plain(&mut st.send, w, credits, room, &mut run.added);
                 if n > 0 {
-                    run.extend(w, seq, n, last);
+                    run.extend(w, n, last);
                     credits -= n;
                     cur = next;
                     continue;
@@ -444,7 +449,6 @@ impl QueueShared {
                     }
                     if run.len == 0 {
                         run.first = w;
-                        run.seq = seq;
                         run.added = Added::default();
                     }
                     run.len += 1;
@@ -502,8 +506,8 @@ impl QueueShared {
 
     /// Admits plain WRs (`plain_wc_opcode`) from `first` while `room` (at most `credits`, the SQ's free slots)
     /// lasts: each gets its token and, when the policy signals it, `IBV_SEND_SIGNALED`. Stops at the end of the
-    /// chain, after `room` WRs, or at a WR that needs the full checks. Returns how many it admitted, the first
-    /// one's sequence number, the last one admitted and the WR after it.
+    /// chain, after `room` WRs, or at a WR that needs the full checks. Returns how many it admitted, the last
+    /// one admitted and the WR after it.
     #[inline(always)]
     fn admit_plain<'a>(
         &self,
@@ -512,9 +516,8 @@ impl QueueShared {
         credits: u32,
         room: u32,
         added: &mut Added<'a>,
-    ) -> (u32, u64, WrPtr<'a>, Option<WrPtr<'a>>) {
+    ) -> (u32, WrPtr<'a>, Option<WrPtr<'a>>) {
         let mut a = send.admission(credits, room, self.send_token);
-        let seq = a.start_seq();
         let mut w = first;
         let mut last = first;
         let next = 'walk: loop {
@@ -554,7 +557,7 @@ impl QueueShared {
         let done = a.end();
         let n = done.count();
         send.admitted(done);
-        (n, seq, last, next)
+        (n, last, next)
     }
 
     /// Posts `run` (whose successor in the ULP's chain is `cut`) with one doorbell, then restores its WRs.
@@ -568,6 +571,11 @@ impl QueueShared {
     /// `flush_run` without the error's description: the common case, inlined into the post path.
     #[inline(always)]
     fn post_run(&self, st: &mut QueueState, run: Run<'_>, cut: Option<WrPtr<'_>>) -> std::result::Result<(), PostFailure> {
+        debug_assert_eq!(
+            run.first.wr_id(),
+            Token::from_base(self.send_token, run.seq(&st.send)).0,
+            "a run's WRs are the ring's newest (Run::seq)"
+        );
         // A run that ends the chain (`cut` is `None`, known where this is inlined) already ends at a NULL link.
         if cut.is_some() {
             run.last.set_next(None);
@@ -583,7 +591,7 @@ impl QueueShared {
         } else if run.len == 1 {
             // A post of one WR: its slot, its link and at most its own flag.
             let w = run.first;
-            w.set_wr_id(st.send.slot(run.seq).wr_id);
+            w.set_wr_id(st.send.slot(run.seq(&st.send)).wr_id);
             if cut.is_some() {
                 w.set_next(cut);
             }
