@@ -508,29 +508,22 @@ impl CqShared {
             bump(&self.counts.short_polls, 1);
             return Ok(self.reap_pass(out, 0, first));
         }
-        let mut kept = 0;
-        let mut n = first;
-        // CQEs reaped by this call, and when to stop: callbacks that post may refill the CQ as fast as it is
-        // reaped, and hidden CQEs fill no room in `out`, so without a limit one call could run forever. The
-        // limit is a full CQ beyond `out`: every CQE present when the call began is reaped first (a CQ
-        // completes in order and holds at most its capacity), so a 0 from `arm` still means nothing was missed.
-        let mut reaped = 0usize;
-        let mut limit = usize::MAX;
-        loop {
+        let mut kept = self.reap_pass(out, 0, first);
+        // The CQ filled the array: poll again while it fills the room left. Callbacks that post may refill the CQ
+        // as fast as it is reaped, and hidden CQEs fill no room in `out`, so without a limit one call could run
+        // forever. The limit is a full CQ beyond `out`: every CQE present when the call began is reaped first (a
+        // CQ completes in order and holds at most its capacity), so a 0 from `arm` still means nothing was missed.
+        let limit = self.state.borrow().budget.capacity() as usize + out.len();
+        let mut reaped = first;
+        while kept < out.len() && reaped < limit {
             let room = out.len() - kept;
+            let n = self.handle.poll(&mut out[kept..])?;
             reaped += n;
             kept = self.reap_pass(out, kept, n);
             if n < room {
                 bump(&self.counts.short_polls, 1);
                 break;
             }
-            if limit == usize::MAX {
-                limit = self.state.borrow().budget.capacity() as usize + out.len();
-            }
-            if kept >= out.len() || reaped >= limit {
-                break;
-            }
-            n = self.handle.poll(&mut out[kept..])?;
         }
         Ok(kept)
     }
