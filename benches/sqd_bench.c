@@ -20,6 +20,8 @@
  *   sqdisc-batch   the same with a batch release callback (sqd_queue_set_release_batch) that counts.
  *   sqdisc-lean    sqdisc-batch on a queue that leaves posted WRs as posted (SQD_QUEUE_NO_RESTORE): the loop
  *                  fills every WR before each post anyway.
+ *   sqdisc-indexed sqdisc-batch on a queue that names WRs by their index (SQD_QUEUE_INDEXED): no wr_ids kept
+ *                  or handed back; the batch callback checks that each batch starts at the index it expects.
  *
  * Each run first posts a warm-up (-w WRs), then the measured part (-n WRs), then drains and frees everything.
  * Instructions per WR come from two callgrind runs of different -n, subtracted (the scripts do that). The
@@ -55,14 +57,14 @@
 #define MAX_SGES 16
 #define WC_MAX 32
 
-enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN };
+enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED };
 static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc",      "scale",
-                                         "memory",     "sqdisc-batch",  "sqdisc-lean"};
+                                         "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed"};
 
 /* The posters that run sqdisc_run. */
 static int is_sqdisc_poster(enum mode m)
 {
-    return m == SQDISC || m == SQDISC_BATCH || m == SQDISC_LEAN;
+    return m == SQDISC || m == SQDISC_BATCH || m == SQDISC_LEAN || m == SQDISC_INDEXED;
 }
 
 enum provider { SIM, NULL_PROVIDER };
@@ -142,6 +144,17 @@ static void on_release_batch(void *ctx, const struct sqd_release_batch *r)
     struct bench *b = ctx;
     if (r->status != IBV_WC_SUCCESS)
         DIE("release of %u WRs from wr_id %" PRIu64 " with status %u", r->count, r->wr_ids[0], r->status);
+    b->completed += r->count;
+}
+
+/* An indexed queue's batch: its WRs are the `count` from index `first`, which is the count of WRs released
+ * before it (releases come once each in post order). */
+static void on_release_batch_indexed(void *ctx, const struct sqd_release_batch *r)
+{
+    struct bench *b = ctx;
+    if (r->status != IBV_WC_SUCCESS || r->wr_ids != NULL || r->first != b->completed)
+        DIE("release of %u WRs from index %" PRIu64 " (expected %" PRIu64 ") with status %u", r->count, r->first,
+            b->completed, r->status);
     b->completed += r->count;
 }
 
@@ -227,12 +240,14 @@ static void setup(struct bench *b)
             .backlog_depth = b->backlog,
             .release = on_release,
             .release_ctx = b,
-            .flags = b->mode == SQDISC_LEAN ? SQD_QUEUE_NO_RESTORE : 0,
+            .flags = b->mode == SQDISC_LEAN ? SQD_QUEUE_NO_RESTORE : b->mode == SQDISC_INDEXED ? SQD_QUEUE_INDEXED : 0,
         };
         struct allocs before = allocs_now();
         if (sqd_queue_new(b->scq, NULL, b->qps[i], &qa, &b->q[i]))
             DIE("sqd_queue_new #%u", i);
         if ((b->mode == SQDISC_BATCH || b->mode == SQDISC_LEAN) && sqd_queue_set_release_batch(b->q[i], on_release_batch, b))
+            DIE("sqd_queue_set_release_batch: %s", sqd_last_error());
+        if (b->mode == SQDISC_INDEXED && sqd_queue_set_release_batch(b->q[i], on_release_batch_indexed, b))
             DIE("sqd_queue_set_release_batch: %s", sqd_last_error());
         if (b->mode == MEMORY && (i == 0 || i + 1 == b->queues)) {
             struct allocs after = allocs_now();
@@ -457,7 +472,8 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     case RAW_MODERATED: raw_moderated_run(b, wrs); break;
     case SQDISC:
     case SQDISC_BATCH:
-    case SQDISC_LEAN: sqdisc_run(b, wrs); break;
+    case SQDISC_LEAN:
+    case SQDISC_INDEXED: sqdisc_run(b, wrs); break;
     case SCALE: scale_run(b, wrs); break;
     case MEMORY: break;
     }
@@ -474,6 +490,7 @@ static void drain(struct bench *b)
     case SQDISC:
     case SQDISC_BATCH:
     case SQDISC_LEAN:
+    case SQDISC_INDEXED:
         for (int i = 0; b->completed < b->posted; i++) {
             if (i > 1000)
                 DIE("sqdisc did not release every WR");
@@ -510,10 +527,10 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|sqdisc-batch|sqdisc-lean|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
             "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]");
     int found = 0;
-    for (int m = RAW_SIGNAL; m <= SQDISC_LEAN; m++)
+    for (int m = RAW_SIGNAL; m <= SQDISC_INDEXED; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
             b.mode = (enum mode)m;
             found = 1;

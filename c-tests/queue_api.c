@@ -874,7 +874,7 @@ static void no_restore_keeps_links_and_releases(void)
     struct mq *other = rig_add_mq(the_rig);
     struct sqd_scripted_qp_caps want = {.max_send_wr = 8, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1};
     CHECK_EQ(sqd_scripted_create_qp(the_rig->dev, the_rig->cq, the_rig->cq, &want, &other->qp), 0);
-    struct sqd_queue_attr attr = {.sq_depth = 8, .max_send_sge = 1, .flags = SQD_QUEUE_NO_RESTORE << 1};
+    struct sqd_queue_attr attr = {.sq_depth = 8, .max_send_sge = 1, .flags = SQD_QUEUE_INDEXED << 1};
     EXPECT_ERR(sqd_queue_new(the_rig->scq, NULL, other->qp, &attr, &other->q), EINVAL, "unknown bits");
 }
 

@@ -1,6 +1,7 @@
 /* Batched releases through the C API (sqd_queue_set_release_batch): a batch callback and the per-WR release
- * callback together release every WR exactly once and in post order; successes come in batches; what a batch
- * cannot carry (WRs released as never posted) comes through the per-WR callback; bad calls fail with a clear
+ * callback together release every WR exactly once and in post order; successes come in batches, each saying
+ * where it starts (`first`); what a batch cannot carry (WRs released as never posted) comes through the per-WR
+ * callback; on a queue with SQD_QUEUE_INDEXED both carry indexes instead of wr_ids; bad calls fail with a clear
  * errno and message.
  *
  * Each scenario prints "PASS <name>" or "FAIL <name>: <why>"; the exit status is non-zero if any failed. */
@@ -19,6 +20,7 @@ static struct seen {
 } seen[256];
 static size_t nseen, batches;
 static char batch_error[160];
+static int indexed; /* the queue under test has SQD_QUEUE_INDEXED */
 
 static void on_batch(void *ctx, const struct sqd_release_batch *b)
 {
@@ -26,12 +28,18 @@ static void on_batch(void *ctx, const struct sqd_release_batch *b)
     struct sqd_queue_stats s;
     if (b->count == 0 && !batch_error[0])
         snprintf(batch_error, sizeof batch_error, "an empty batch");
+    /* Releases come once each in post order: a batch starts at the count of releases before it. */
+    if (b->first != nseen && !batch_error[0])
+        snprintf(batch_error, sizeof batch_error, "a batch from index %llu after %zu releases", (unsigned long long)b->first, nseen);
+    if ((b->wr_ids == NULL) != indexed && !batch_error[0])
+        snprintf(batch_error, sizeof batch_error, "wr_ids %s on a queue %s SQD_QUEUE_INDEXED", b->wr_ids ? "set" : "NULL",
+                 indexed ? "with" : "without");
     /* Inside the call, the whole batch counts as released. */
     if (sqd_queue_stats(m->q, &s) == 0 && s.released != nseen + b->count && !batch_error[0])
         snprintf(batch_error, sizeof batch_error, "stats.released %llu inside a batch of %u after %zu releases",
                  (unsigned long long)s.released, b->count, nseen);
     for (uint32_t i = 0; i < b->count && nseen < 256; i++)
-        seen[nseen++] = (struct seen){b->wr_ids[i], b->status, 1};
+        seen[nseen++] = (struct seen){b->wr_ids ? b->wr_ids[i] : b->first + i, b->status, 1};
     batches++;
 }
 
@@ -61,6 +69,7 @@ static struct mq *batched_queue(struct qcfg cfg)
 {
     nseen = batches = 0;
     batch_error[0] = 0;
+    indexed = (cfg.flags & SQD_QUEUE_INDEXED) != 0;
     struct mq *m = rig1(cfg, 256);
     m->hook = per_wr_hook;
     CHECK_EQ(sqd_queue_set_release_batch(m->q, on_batch, m), 0);
@@ -113,6 +122,49 @@ static void a_failure_keeps_order_across_both_callbacks(void)
     }
 }
 
+/* The same failure on an indexed queue, with every WR's wr_id the same: each release and batch carries the
+ * WR's index, the error completion poll shows carries the failing WR's, and no batch array is allocated. */
+static void an_indexed_queue_releases_indexes(void)
+{
+    struct mq *m = batched_queue((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 8, .flags = SQD_QUEUE_INDEXED});
+    post_sends(m, 0, 1); /* index 0 */
+    settle(the_rig, m);
+    struct ibv_sge sge[12];
+    struct ibv_send_wr wr[12], *bad = NULL;
+    for (int i = 0; i < 12; i++) {
+        sge[i] = (struct ibv_sge){.addr = (uintptr_t)buf, .length = sizeof buf, .lkey = 1};
+        wr[i] = (struct ibv_send_wr){.wr_id = 0xdead, .next = i + 1 < 12 ? &wr[i + 1] : NULL, .sg_list = &sge[i],
+                                     .num_sge = 1, .opcode = IBV_WR_SEND};
+    }
+    CHECK_EQ(sqd_post_send(m->q, wr, &bad), 0); /* indexes 1..8 posted, 9..12 parked */
+    CHECK_EQ(complete(m, 2), 2);
+    CHECK_EQ(sqd_scripted_fail(m->qp, IBV_WC_REM_ACCESS_ERR, 7), 0); /* index 3 fails, 4..8 are flushed */
+    struct ibv_wc wc[16];
+    int n = sqd_cq_poll(the_rig->scq, 16, wc);
+    CHECK(n > 0);
+    CHECK_EQ(wc[0].wr_id, 3);
+    CHECK_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    settle(the_rig, m);
+    CHECK(!batch_error[0]);
+    callbacks_ok(m);
+    CHECK_EQ(nseen, 13);
+    for (size_t i = 0; i < 13; i++)
+        CHECK_EQ(seen[i].wr_id, i);
+    CHECK_EQ(seen[3].status, IBV_WC_REM_ACCESS_ERR);
+    /* The parked WRs come one by one, with their indexes too. */
+    CHECK(m->nlog >= 4);
+    for (size_t k = 0; k < 4; k++) {
+        CHECK(!seen[9 + k].batched);
+        CHECK_EQ(m->log[m->nlog - 4 + k].wr_id, 9 + k);
+        CHECK(m->log[m->nlog - 4 + k].flags & SQD_COMPLETION_NEVER_POSTED);
+    }
+    /* The batch array: none on an indexed queue. */
+    struct mq *plain = add_queue(the_rig, (struct qcfg){.sq_depth = 8, .flags = SQD_QUEUE_INDEXED});
+    size_t before = qstats(plain).bytes;
+    CHECK_EQ(sqd_queue_set_release_batch(plain->q, on_batch, plain), 0);
+    CHECK_EQ(qstats(plain).bytes, before);
+}
+
 static void noop_batch(void *ctx, const struct sqd_release_batch *b)
 {
     (void)ctx;
@@ -155,6 +207,7 @@ int main(void)
 {
     run("successes come in batches", successes_come_in_batches);
     run("a failure keeps order across both callbacks", a_failure_keeps_order_across_both_callbacks);
+    run("an indexed queue releases indexes", an_indexed_queue_releases_indexes);
     run("bad calls fail clearly", bad_calls_fail_clearly);
     return harness_finish("release_batch");
 }

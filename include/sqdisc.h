@@ -81,6 +81,20 @@
 #define SQD_QUEUE_NO_RESTORE 2
 
 /**
+ * `sqd_queue_attr.flags`: the queue names each send WR by its index instead of its wr_id. A WR's index is how
+ * many send WRs the queue accepted before it: 0 for the first, and a call that accepts k WRs gives them the
+ * next k (on failure, the WRs before `*bad_wr`); `sqd_invalidate` takes none. Each WR is released exactly once
+ * and in post order, so the n-th send release of the queue is always the WR of index n. The queue neither
+ * keeps nor restores your wr_ids: a release's `wr_id`, the `wr_id` of a send completion `sqd_cq_poll` returns
+ * (a WR you signaled, or an error) and `sqd_release_batch.first` are indexes, and a batch's `wr_ids` is NULL.
+ * For ULPs that keep their per-WR state in post order (a ring indexed by the index modulo its size, say): it
+ * saves storing each wr_id and handing it back (about 5 instructions per WR with batched releases) and the
+ * batch array (`sqd_queue_set_release_batch`). Implies `SQD_QUEUE_NO_RESTORE`, and more: after a call of
+ * `sqd_post_send`, the `wr_id` of every WR it was handed is unspecified, the WRs not accepted included.
+ */
+#define SQD_QUEUE_INDEXED 4
+
+/**
  * `sqd_invalidate` flag: post the LocalInv at once with `IBV_SEND_FENCE` (the Local Invalidate Fence), for
  * devices that honour it, instead of waiting for a completion that covers the earlier WRs.
  */
@@ -324,7 +338,8 @@ struct sqd_queue_attr {
  */
 struct sqd_release_batch {
     /**
-     * The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
+     * The WRs' own wr_ids, oldest first (`count` of them), valid only during the call; NULL on a queue with
+     * `SQD_QUEUE_INDEXED`, which names them by their indexes, `first` to `first + count - 1`.
      */
     const uint64_t *wr_ids;
     /**
@@ -340,6 +355,11 @@ struct sqd_release_batch {
      * The vendor error of the WRs' error CQE, else 0.
      */
     uint32_t vendor_err;
+    /**
+     * The index of the batch's first WR: how many send WRs the queue accepted before it (the others follow it
+     * in order; see `SQD_QUEUE_INDEXED`).
+     */
+    uint64_t first;
 };
 
 /**
@@ -869,7 +889,7 @@ int32_t sqd_queue_free(struct sqd_queue *q);
  *
  * Set it at most once, outside the queue's own callbacks; it stays for the queue's life. The queue must have
  * a `release` callback (it gets the releases a batch cannot carry). Costs 8 bytes per SQ slot (counted in
- * `sqd_queue_stats.bytes`).
+ * `sqd_queue_stats.bytes`), none on a queue with `SQD_QUEUE_INDEXED`.
  *
  * Returns 0, or `-EINVAL` (NULL `q` or `fn`; the queue has no `release`), `-EBUSY` (already set; called from
  * one of the queue's own callbacks), `-ENOMEM`.

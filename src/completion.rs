@@ -32,7 +32,8 @@ pub struct Completion {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ReleaseBatchC {
-    /// The WRs' own wr_ids, oldest first (`count` of them), valid only during the call.
+    /// The WRs' own wr_ids, oldest first (`count` of them), valid only during the call; NULL on a queue with
+    /// `SQD_QUEUE_INDEXED`, which names them by their indexes, `first` to `first + count - 1`.
     pub wr_ids: *const u64,
     /// How many WRs the batch releases: at least 1.
     pub count: u32,
@@ -41,6 +42,9 @@ pub struct ReleaseBatchC {
     pub status: u32,
     /// The vendor error of the WRs' error CQE, else 0.
     pub vendor_err: u32,
+    /// The index of the batch's first WR: how many send WRs the queue accepted before it (the others follow it
+    /// in order; see `SQD_QUEUE_INDEXED`).
+    pub first: u64,
 }
 
 /// The WR was retired by a later signaled completion, not a CQE of its own.

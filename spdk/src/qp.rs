@@ -220,6 +220,8 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             verify_buffers: verify_buffers(),
             // SPDK sets a request's WRs up once and posts them again: they must come back as they were.
             no_restore: false,
+            // SPDK finds its requests by their wr_ids.
+            indexed: false,
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));

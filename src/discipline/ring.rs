@@ -129,6 +129,14 @@ pub fn copy_alike_wr_ids(slots: &[Cell<Slot>], out: &mut [u64], like: u64) -> us
     n
 }
 
+/// How many slots from the first of `slots` belong in one batch with a slot whose second word is `like`:
+/// `copy_alike_wr_ids`'s count, for an indexed queue's batch, which carries no wr_ids.
+#[inline]
+pub fn count_alike(slots: &[Cell<Slot>], like: u64) -> usize {
+    let key = like & BATCH_KEY;
+    slots.iter().take_while(|s| s.get().meta & BATCH_KEY == key).count()
+}
+
 /// Copies to `out` (at least as long as `slots`) the wr_ids of `slots`: a run of releases known to be one batch
 /// (`SlotRing::is_plain_from`, on a queue that has not failed), with nothing to compare.
 #[inline(always)]
@@ -436,7 +444,7 @@ mod tests {
         }
     }
 
-    /// `copy_alike_wr_ids` stops where a slot by slot walk would, whatever the length and wherever the first
+    /// `copy_alike_wr_ids` (and `count_alike`) stops where a slot by slot walk would, whatever the length and wherever the first
     /// slot that does not belong (same opcode and flags but another status or vendor error, or an `INTERNAL` or
     /// `OP` flag, or nothing but another opcode and flags, which belongs), and copies exactly those wr_ids.
     #[test]
@@ -475,6 +483,7 @@ mod tests {
                         let n = copy_alike_wr_ids(&slots, &mut out, like);
                         let want = (0..len).take_while(|&i| i != stop).count();
                         assert_eq!(n, want, "len {len} stop {stop} kind {kind} odd {odd:?}");
+                        assert_eq!(count_alike(&slots, like), want, "count_alike: len {len} stop {stop} kind {kind} odd {odd:?}");
                         assert_eq!(out[..n], (0..n as u64).map(|i| 1000 + i).collect::<Vec<_>>()[..]);
                     }
                 }

@@ -53,7 +53,7 @@ pub struct Release {
 /// What a polled send CQE means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CqeOutcome {
-    /// Show it to the ULP, with the ULP's wr_id.
+    /// Show it to the ULP, with the ULP's wr_id (its index on an indexed queue, `set_indexed`).
     Visible { wr_id: u64 },
     /// A completion the library added (moderation or marker): swallow it.
     Hidden,
@@ -102,6 +102,8 @@ pub struct SendLedger {
     /// lists, as bits, recomputed by `SendState::sync_blocked` wherever one of them changes, so that the post
     /// path and the end of a release pass test one byte.
     blocked: Cell<u8>,
+    /// The library's operations among `released` (LocalInvs of `invalidate`): the rest are the ULP's WRs.
+    ops_released: Cell<u64>,
 }
 
 impl SendLedger {
@@ -109,6 +111,13 @@ impl SendLedger {
     #[inline]
     pub fn released(&self) -> u64 {
         self.released.get()
+    }
+    /// The index of the ULP's next WR to be released: how many of its WRs were released before it (not counting
+    /// the library's operations). Releases come once each in post order, so it is also how many WRs the ULP
+    /// handed to the queue and the queue accepted before that one.
+    #[inline]
+    pub fn wr_index(&self) -> u64 {
+        self.released.get() - self.ops_released.get()
     }
     /// The first deferred action's target (`u64::MAX` when none waits).
     #[inline]
@@ -155,6 +164,9 @@ pub struct SendState<T> {
     late: LateWindow,
     /// The queue notes every WR it accepts (tracked MRs, buffer verification): set by the queue.
     noting: bool,
+    /// The ULP's WRs are named by their index (`SendLedger::wr_index`), not their wr_id, which the quiet
+    /// admission does not keep (`set_indexed`).
+    indexed: bool,
     /// The provider refused the oldest parked WR with this errno: it waits, unposted, for the WRs posted before
     /// it to be released, is then released itself (refused), and the WRs behind it are posted after it.
     front_refused: Option<i32>,
@@ -178,6 +190,7 @@ impl<T: Parked> SendState<T> {
                 released: Cell::new(0),
                 first_barrier: Cell::new(u64::MAX),
                 blocked: Cell::new(0),
+                ops_released: Cell::new(0),
             }),
             depth,
             policy: SignalPolicy::new(signal_interval),
@@ -191,6 +204,7 @@ impl<T: Parked> SendState<T> {
             late: LateWindow::default(),
             front_refused: None,
             noting: false,
+            indexed: false,
             counters: SendCounters::default(),
         })
     }
@@ -268,6 +282,23 @@ impl<T: Parked> SendState<T> {
     pub fn set_noting(&mut self, noting: bool) {
         self.noting = noting;
         self.sync_blocked();
+    }
+    /// From now on a completion shown to the ULP carries its WR's index instead of the wr_id in its slot
+    /// (which the queue's quiet admission leaves as it was). Set at creation.
+    pub fn set_indexed(&mut self) {
+        self.indexed = true;
+    }
+    /// The index of the ULP's WR in the posted, unreleased slot `seq`: the ULP's WRs released before the
+    /// ring's tail, and those in the slots from the tail up to it (markers and operations are not the ULP's).
+    fn index_of(&self, seq: u64) -> u64 {
+        let ring = &self.ledger.ring;
+        let tail = ring.tail();
+        let before = if ring.is_plain_from(tail) {
+            seq - tail
+        } else {
+            (tail..seq).filter(|&s| !ring.get(s).has(Slot::INTERNAL | Slot::OP)).count() as u64
+        };
+        self.ledger.wr_index() + before
     }
     fn blocked_now(&self) -> u8 {
         u8::from(self.failed.is_some())
@@ -604,7 +635,7 @@ impl<T: Parked> SendState<T> {
         if slot.has(Slot::INTERNAL | Slot::OP) || (status == WC_SUCCESS && !slot.has(Slot::ULP_SIGNALED)) {
             CqeOutcome::Hidden
         } else {
-            CqeOutcome::Visible { wr_id: slot.wr_id }
+            CqeOutcome::Visible { wr_id: if self.indexed { self.index_of(seq) } else { slot.wr_id } }
         }
     }
 
@@ -666,6 +697,9 @@ impl<T: Parked> SendState<T> {
                 continue;
             }
             self.ledger.released.set(self.ledger.released.get() + 1);
+            if slot.has(Slot::OP) {
+                self.ledger.ops_released.set(self.ledger.ops_released.get() + 1);
+            }
             return Some(slot);
         }
         None
@@ -688,6 +722,14 @@ impl<T: Parked> SendState<T> {
             });
         }
         self.next_parked_release(store)
+    }
+
+    /// A parked WR (a library operation if `op`) is released.
+    fn count_parked_release(&mut self, op: bool) {
+        self.ledger.released.set(self.ledger.released.get() + 1);
+        if op {
+            self.ledger.ops_released.set(self.ledger.ops_released.get() + 1);
+        }
     }
 
     /// The next release of a parked WR (one the provider refused, or one never posted by a queue that failed or
@@ -713,7 +755,7 @@ impl<T: Parked> SendState<T> {
             self.backlog.pop_front(1, store);
             self.sync_blocked();
             self.front_refused = None;
-            self.ledger.released.set(self.ledger.released.get() + 1);
+            self.count_parked_release(r.op);
             return Some(r);
         }
         if self.closed().is_some() && self.ledger.ring.outstanding() == 0 {
@@ -731,7 +773,7 @@ impl<T: Parked> SendState<T> {
             };
             self.backlog.pop_front(1, store);
             self.sync_blocked();
-            self.ledger.released.set(self.ledger.released.get() + 1);
+            self.count_parked_release(r.op);
             return Some(r);
         }
         None
@@ -919,6 +961,54 @@ mod tests {
         fn is_op(&self) -> bool {
             false
         }
+    }
+
+    /// On an indexed queue a send completion shown to the ULP carries its WR's index: the ULP's WRs released
+    /// before the ring's tail (not the library's operations among them) and the ULP's WRs between the tail and
+    /// it (not the markers and operations there).
+    #[test]
+    fn an_indexed_completion_counts_only_the_ulps_wrs_before_it() {
+        use super::super::opcode::{WC_LOCAL_INV, WC_RDMA_WRITE};
+        use super::super::token::Direction;
+        let mut st = SendState::<NoParked>::new(16, 16, Backlog::new(0)).unwrap();
+        st.set_indexed();
+        let base = Token::new(3, Direction::Send, 0).0;
+        let post = |st: &mut SendState<NoParked>, wr_id: u64, signaled: bool| {
+            let credits = st.credits();
+            st.admit_posted(wr_id, WC_RDMA_WRITE, signaled, credits).0
+        };
+        let op = |st: &mut SendState<NoParked>, id: u64| match st.admit_op(id, WC_LOCAL_INV) {
+            Admit::Post { seq, .. } => seq,
+            _ => panic!("the operation was not posted"),
+        };
+        let release_all = |st: &mut SendState<NoParked>| {
+            if st.ledger.ring.in_provider() > 0 {
+                st.ledger.ring.complete_through(st.ledger.ring.head() - 1, 0, 0);
+            }
+            while st.pop_posted().is_some() {}
+        };
+        // Indexes 0 and 1, and an operation, all released.
+        post(&mut st, 100, false);
+        op(&mut st, 7);
+        post(&mut st, 101, false);
+        release_all(&mut st);
+        assert_eq!(st.ledger.wr_index(), 2);
+        // Index 2, a marker covering it, an operation, index 3, then index 4 signaled by the ULP: its CQE comes
+        // with the others unreleased.
+        post(&mut st, 102, false);
+        st.admit_marker().expect("an unsignaled tail to cover");
+        op(&mut st, 8);
+        post(&mut st, 103, false);
+        let seq = post(&mut st, 104, true);
+        assert!(!st.ledger.ring.is_plain_from(st.ledger.ring.tail()));
+        assert_eq!(st.on_cqe(Token::from_base(base, seq), 0, 0), CqeOutcome::Visible { wr_id: 4 });
+        release_all(&mut st);
+        assert_eq!(st.ledger.wr_index(), 5);
+        // On a plain ring, an error CQE of the WR of index 6 (index 5 before it unsignaled).
+        post(&mut st, 105, false);
+        let seq = post(&mut st, 106, false);
+        assert!(st.ledger.ring.is_plain_from(st.ledger.ring.tail()));
+        assert_eq!(st.on_cqe(Token::from_base(base, seq), 5, 0), CqeOutcome::Visible { wr_id: 6 });
     }
 
     /// A bulk admission decides every signal, fills every slot and counts as `admit_posted` one WR at a time,

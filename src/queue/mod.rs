@@ -52,6 +52,15 @@ pub struct QueueConfig {
     /// one and the rest are as the ULP passed them. `next` is always restored. For ULPs that fill every WR
     /// before each post: the walk that restores a posted chain is skipped.
     pub no_restore: bool,
+    /// Name each send WR by its index instead of its wr_id. A WR's index is how many send WRs the queue
+    /// accepted before it (0 for the first; `invalidate` takes none); as every WR is released exactly once and
+    /// in post order, the n-th send release of the queue is always the WR of index n. The queue neither keeps
+    /// nor restores the ULP's wr_ids: a release's `wr_id`, a send completion's `wr_id` from a poll and
+    /// [`ReleaseBatch::first`](crate::ReleaseBatch) are indexes, and a batch's `wr_ids` is empty. For ULPs that
+    /// keep their per-WR state in post order: storing each wr_id and handing it back is skipped. Implies
+    /// `no_restore`, and more: every WR handed to a post call has an unspecified `wr_id` after it, those not
+    /// accepted included.
+    pub indexed: bool,
 }
 
 /// What `defer` runs once every WR accepted before it is released.
@@ -242,8 +251,10 @@ pub(crate) struct QueueShared {
     /// The queue verifies buffers (`QueueState::verify` is set): fixed at creation, so that the release loop
     /// is chosen once per call and the loop without the verifier tests nothing of it per release.
     verifying: bool,
-    /// `QueueConfig::no_restore`: fixed at creation.
+    /// `QueueConfig::no_restore` (or `indexed`, which implies it): fixed at creation.
     no_restore: bool,
+    /// `QueueConfig::indexed`: fixed at creation.
+    indexed: bool,
     release: Option<ReleaseHandler>,
     /// The batch handler (`Queue::set_release_batch`), set at most once.
     batcher: std::cell::OnceCell<Batcher>,
@@ -480,12 +491,16 @@ impl Queue {
         let verify = storage.verify;
         let mut storage_send = storage.send;
         storage_send.set_noting(verify.is_some());
+        if c.indexed {
+            storage_send.set_indexed();
+        }
         let barriers = Barriers::new(storage_send.ledger().clone());
         let shared = Rc::new(QueueShared {
             ledger: storage_send.ledger().clone(),
             managed_recv: storage.recv.is_some(),
             verifying: verify.is_some(),
-            no_restore: c.no_restore,
+            no_restore: c.no_restore || c.indexed,
+            indexed: c.indexed,
             qp,
             limits,
             send_cq: send_cq.shared.clone(),
@@ -662,7 +677,8 @@ impl Queue {
     /// and does not say which WR's own CQE retired it.
     ///
     /// Set at most once (`EBUSY` after that, and from inside the queue's own release pass). `ENOMEM` if the
-    /// array of the batches' wr_ids (8 bytes per SQ slot, counted in [`Queue::footprint`]) cannot be allocated.
+    /// array of the batches' wr_ids (8 bytes per SQ slot, counted in [`Queue::footprint`]; none on an indexed
+    /// queue) cannot be allocated.
     pub fn set_release_batch(&self, handler: BatchHandler) -> Result<()> {
         self.set_batch_call(BatchCall::Closure(handler))
     }
@@ -686,7 +702,9 @@ impl Queue {
         if s.releasing.get() {
             return Err(Error::new(libc::EBUSY, "called from inside the queue's own release pass"));
         }
-        let wr_ids = crate::alloc::boxed_slice(s.ledger.ring.capacity(), 0u64, "the array of a release batch's wr_ids")?;
+        // An indexed queue's batches carry no wr_ids: no array to gather them in.
+        let len = if s.indexed { 0 } else { s.ledger.ring.capacity() };
+        let wr_ids = crate::alloc::boxed_slice(len, 0u64, "the array of a release batch's wr_ids")?;
         s.batcher
             .set(Batcher { handler, wr_ids: RefCell::new(wr_ids) })
             .map_err(|_| Error::new(libc::EBUSY, "the queue's batch handler is already set"))
@@ -899,9 +917,10 @@ impl QueueShared {
         if let Some(v) = &st.verify {
             n += v.footprint();
         }
-        if self.batcher.get().is_some() {
-            // The batch array has one entry per ring slot (`set_release_batch`); it is not borrowed here, since
-            // the release pass holds it while a batch handler (which may ask for the footprint) runs.
+        if self.batcher.get().is_some() && !self.indexed {
+            // The batch array has one entry per ring slot (`set_release_batch`), none on an indexed queue; it is
+            // not borrowed here, since the release pass holds it while a batch handler (which may ask for the
+            // footprint) runs.
             n += st.send.ring_capacity() * std::mem::size_of::<u64>();
         }
         n

@@ -156,15 +156,20 @@ fn each_by_fours<T>(items: &[T], mut step: impl FnMut(&T) -> bool) -> bool {
 /// The loop of a quiet run (`Admission::quiet_run`): admits WRs from `w` into `slots` in order while they pass
 /// `quiet_wc_opcode`, each with its slot and the next token from `token`. Out of line, with only its own values
 /// live, so that the per-WR loop keeps them all in registers.
+/// With `KEEP_WR_ID` false (an indexed queue), a slot keeps the wr_id it held: the queue names its WRs by
+/// their index and never reads it.
 #[inline(never)]
-fn fill_quiet<'a>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
+fn fill_quiet<'a, const KEEP_WR_ID: bool>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
     let mut last = w;
     let mut token = first_token;
     // Admits `w` into `cell` and steps to the next WR; `false` where the run stops (`w` not admitted, or the
     // chain's end).
     let admit = |cell: &Cell<Slot>| {
         let Some(op) = quiet_wc_opcode(&w.quiet_shape(), limits) else { return false };
-        cell.set(Slot::unsignaled(w.wr_id(), op));
+        // Without the wr_id the slot's first word is stored back as it was, which the compiler drops: only the
+        // second word is written.
+        let wr_id = if KEEP_WR_ID { w.wr_id() } else { cell.get().wr_id };
+        cell.set(Slot::unsignaled(wr_id, op));
         w.set_wr_id(token);
         token += 1;
         last = w;
@@ -280,7 +285,11 @@ impl QueueShared {
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
             // policy signals on) goes on in the same run (`post_signaled`).
             let (quiet, _, token, gap) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
-            let filled = fill_quiet(quiet, first, token, &self.limits);
+            let filled = if self.indexed {
+                fill_quiet::<false>(quiet, first, token, &self.limits)
+            } else {
+                fill_quiet::<true>(quiet, first, token, &self.limits)
+            };
             let n = filled.filled as u32;
             let mut run = Run { first, last: filled.last, len: n, added: Added::default() };
             if st.send.quiet_admitted(n, gap) {
@@ -525,7 +534,8 @@ impl QueueShared {
             // policy. A WR the ULP signals or that needs more than the plain checks ends the run: the step
             // below decides it.
             let (quiet, token) = a.quiet_run();
-            let run = fill_quiet(quiet, w, token, &self.limits);
+            // (An indexed queue's slots may keep wr_ids here too: nothing reads them.)
+            let run = fill_quiet::<true>(quiet, w, token, &self.limits);
             let k = run.filled;
             if k > 0 {
                 last = run.last;

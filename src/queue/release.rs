@@ -3,7 +3,7 @@
 
 use crate::attach::CqeFate;
 use crate::completion::Completion;
-use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids};
+use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids, count_alike};
 use crate::discipline::send::CqeOutcome;
 use crate::discipline::Slot;
 use crate::discipline::token::{Direction, Token};
@@ -60,6 +60,8 @@ impl QueueShared {
         }
         if self.batcher.get().is_some() {
             self.run_batched_release_loop();
+        } else if self.indexed && !self.verifying {
+            self.run_indexed_releases();
         } else {
             self.run_plain_releases();
         }
@@ -70,20 +72,30 @@ impl QueueShared {
     fn run_plain_releases(&self) {
         let _guard = ClearOnDrop(&self.releasing);
         if self.verifying {
-            self.run_release_loop::<true>();
+            self.run_release_loop::<true, false>();
         } else {
-            self.run_release_loop::<false>();
+            self.run_release_loop::<false, false>();
         }
     }
 
-    /// `release_loop` with the queue's release handler. The handler and `VERIFY` (`self.verifying`) are fixed
-    /// for the queue's life: decided once per call, not per release.
+    /// `run_plain_releases` for an indexed queue that does not verify buffers: the per-WR releases carry
+    /// indexes. A function of its own: chosen inside `run_plain_releases`, it cost that one's per-WR loop a
+    /// register (an instruction per release).
+    #[inline(never)]
+    fn run_indexed_releases(&self) {
+        let _guard = ClearOnDrop(&self.releasing);
+        self.run_release_loop::<false, true>();
+    }
+
+    /// `release_loop` with the queue's release handler. The handler, `VERIFY` (`self.verifying`) and `INDEXED`
+    /// (`self.indexed`, for the common releases) are fixed for the queue's life: decided once per call, not per
+    /// release.
     #[inline(always)]
-    fn run_release_loop<const VERIFY: bool>(&self) {
+    fn run_release_loop<const VERIFY: bool, const INDEXED: bool>(&self) {
         match &self.release {
-            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false>(|c| f.call(c)),
-            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false>(|c| f(c)),
-            None => self.release_loop::<VERIFY, false>(|_| {}),
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false, INDEXED>(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false, INDEXED>(|c| f(c)),
+            None => self.release_loop::<VERIFY, false, INDEXED>(|_| {}),
         }
     }
 
@@ -96,35 +108,35 @@ impl QueueShared {
         let _guard = ClearOnDrop(&self.releasing);
         let h = self.release.as_ref();
         if self.verifying {
-            self.release_loop::<true, true>(|c| call(h, c));
+            self.release_loop::<true, true, false>(|c| call(h, c));
         } else {
-            self.release_loop::<false, true>(|c| call(h, c));
+            self.release_loop::<false, true, false>(|c| call(h, c));
         }
     }
 
     /// The loop of `run_releases`, with the queue's release handler as `release`: the common releases
     /// (`release_common`), and the rest of the pass out of line only when something else may be due.
     #[inline(always)]
-    fn release_loop<const VERIFY: bool, const BATCH: bool>(&self, release: impl Fn(&Completion)) {
+    fn release_loop<const VERIFY: bool, const BATCH: bool, const INDEXED: bool>(&self, release: impl Fn(&Completion)) {
         if !VERIFY {
-            self.release_common::<BATCH>(&release);
+            self.release_common::<BATCH, INDEXED>(&release);
             if self.release_pass_done() {
                 return;
             }
         }
-        self.release_rest::<VERIFY, BATCH>(&release);
+        self.release_rest::<VERIFY, BATCH, INDEXED>(&release);
     }
 
-    /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
-    /// (`release_batched`) if the queue has one (`BATCH`).
+    /// The common releases: through `release` one by one (`release_plain`, with indexes for wr_ids if
+    /// `INDEXED`), or to the batch handler (`release_batched`) if the queue has one (`BATCH`).
     #[inline(always)]
-    fn release_common<const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
+    fn release_common<const BATCH: bool, const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
         if BATCH {
             if let Some(b) = self.batcher.get() {
                 self.release_batched(b);
             }
         } else {
-            self.release_plain(release);
+            self.release_plain::<INDEXED>(release);
         }
     }
 
@@ -132,7 +144,7 @@ impl QueueShared {
     /// Each step takes the state borrow once and drops it before any callback runs (callbacks may post, defer
     /// or poll again); between steps, the common releases run again.
     #[inline(never)]
-    fn release_rest<const VERIFY: bool, const BATCH: bool>(&self, release: &impl Fn(&Completion)) {
+    fn release_rest<const VERIFY: bool, const BATCH: bool, const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
         enum Item {
             Release(Completion),
             OpDone(Option<ReleaseHandler>, Completion),
@@ -153,6 +165,10 @@ impl QueueShared {
                     } else {
                         if VERIFY {
                             st.check_released_buffers(&mut c);
+                        }
+                        if self.indexed {
+                            // Popped and counted: the index of the WR released now is one less than the next's.
+                            c.wr_id = self.ledger.wr_index() - 1;
                         }
                         Item::Release(c)
                     }
@@ -187,7 +203,7 @@ impl QueueShared {
                 }
             }
             if !VERIFY {
-                self.release_common::<BATCH>(release);
+                self.release_common::<BATCH, INDEXED>(release);
                 if self.release_pass_done() {
                     break;
                 }
@@ -246,7 +262,7 @@ impl QueueShared {
     /// barrier a callback adds that is due at once (a `sqd_defer_mr` whose MR's last use is released) stops the
     /// run before the next release, as the ledger's first barrier is read after every callback.
     #[inline(always)]
-    fn release_plain(&self, release: &impl Fn(&Completion)) {
+    fn release_plain<const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
         let mut tail = ring.tail();
@@ -255,6 +271,9 @@ impl QueueShared {
             return;
         }
         let mut released = ledger.released();
+        // An indexed queue's release carries the WR's index: `released` less the operations released, which
+        // none of these releases is.
+        let ops = if INDEXED { released - ledger.wr_index() } else { 0 };
         // Only the fields a posted WR's slot fills change from one release to the next.
         let mut plain = Completion::default();
         // One CQE per WR (every WR signaled): no slices to set up for one slot. Otherwise the complete slots as
@@ -283,7 +302,7 @@ impl QueueShared {
             tail += 1;
             released += 1;
             ledger.set_released(tail, released);
-            plain.wr_id = slot.wr_id;
+            plain.wr_id = if INDEXED { released - 1 - ops } else { slot.wr_id };
             release(&plain);
             debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
             true
@@ -302,11 +321,21 @@ impl QueueShared {
     }
 
     /// `release_plain` for a queue with a batch handler: the same releases, each run of them with one status and
-    /// vendor error gathered into the batcher's array and handed over in one call. Under `SendLedger`'s contract
-    /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
-    /// batch's call, so a barrier the call makes due runs before the next release.
+    /// vendor error handed over in one call, with their wr_ids gathered into the batcher's array (`GATHER`)
+    /// unless the queue is indexed. Under `SendLedger`'s contract as `release_plain` is; a batch ends before the
+    /// first barrier, and the barrier is read again after each batch's call, so a barrier the call makes due
+    /// runs before the next release.
     #[inline(always)]
     fn release_batched(&self, b: &Batcher) {
+        if self.indexed {
+            self.release_batches::<false>(b);
+        } else {
+            self.release_batches::<true>(b);
+        }
+    }
+
+    #[inline(always)]
+    fn release_batches<const GATHER: bool>(&self, b: &Batcher) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
         loop {
@@ -322,35 +351,51 @@ impl QueueShared {
                 return;
             }
             // The batch: the slots from the first that release as it does but for the wr_id, the opcode and
-            // whether it was implied; a run that goes on past the ring's end goes on at its start.
-            // Borrowed once, for the copy and the call: nothing else borrows the array while the pass runs (a
-            // release pass started from the handler returns at once, and the footprint counts the array by the
-            // ring's capacity).
-            let mut wr_ids = b.wr_ids.borrow_mut();
-            let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
-            let count = if ring.is_plain_from(tail) && !ledger.has_failed() {
-                // Successes of the ULP's WRs only: the whole run is one batch.
-                copy_wr_ids(first_part, out_first);
-                if !wrapped.is_empty() {
-                    copy_wr_ids(wrapped, out_wrapped);
-                }
-                debug_assert!(
-                    first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
-                        && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
-                    "a plain run holds successes of the ULP's WRs only"
-                );
-                n as usize
-            } else {
-                let k = copy_alike_wr_ids(first_part, out_first, first.meta());
-                if k == first_part.len() && !wrapped.is_empty() {
-                    k + copy_alike_wr_ids(wrapped, out_wrapped, first.meta())
+            // whether it was implied; a run that goes on past the ring's end goes on at its start. A run of
+            // successes of the ULP's WRs only (the ring is plain from the tail, the queue has not failed) is one
+            // batch whole.
+            let plain = ring.is_plain_from(tail) && !ledger.has_failed();
+            debug_assert!(
+                !plain || first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
+                    && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
+                "a plain run holds successes of the ULP's WRs only"
+            );
+            let first_index = ledger.wr_index();
+            let count = if GATHER {
+                // Borrowed once, for the copy and the call: nothing else borrows the array while the pass runs (a
+                // release pass started from the handler returns at once, and the footprint counts the array by
+                // the ring's capacity).
+                let mut wr_ids = b.wr_ids.borrow_mut();
+                let (out_first, out_wrapped) = wr_ids.split_at_mut(first_part.len());
+                let count = if plain {
+                    copy_wr_ids(first_part, out_first);
+                    if !wrapped.is_empty() {
+                        copy_wr_ids(wrapped, out_wrapped);
+                    }
+                    n as usize
                 } else {
-                    k
-                }
+                    let k = copy_alike_wr_ids(first_part, out_first, first.meta());
+                    if k == first_part.len() && !wrapped.is_empty() {
+                        k + copy_alike_wr_ids(wrapped, out_wrapped, first.meta())
+                    } else {
+                        k
+                    }
+                };
+                ledger.set_released(tail + count as u64, released + count as u64);
+                b.handler.call(Some(&wr_ids[..count]), count, first_index, first.status() as u32, first.vendor_err());
+                count
+            } else {
+                // An indexed queue's batch names its WRs by their indexes: nothing to gather.
+                let count = if plain {
+                    n as usize
+                } else {
+                    let k = count_alike(first_part, first.meta());
+                    if k == first_part.len() && !wrapped.is_empty() { k + count_alike(wrapped, first.meta()) } else { k }
+                };
+                ledger.set_released(tail + count as u64, released + count as u64);
+                b.handler.call(None, count, first_index, first.status() as u32, first.vendor_err());
+                count
             };
-            ledger.set_released(tail + count as u64, released + count as u64);
-            b.handler.call(&wr_ids[..count], first.status() as u32, first.vendor_err());
-            drop(wr_ids);
             debug_assert_eq!(
                 (ring.tail(), ledger.released()),
                 (tail + count as u64, released + count as u64),

@@ -95,6 +95,11 @@ struct Book {
     transport_failed: bool,
     accepted: u64,
     released: u64,
+    /// The queue names its WRs by their index (`QueueConfig::indexed`): its releases carry indexes, which the
+    /// book checks against the count of releases before them and maps back to wr_ids through `ids`.
+    indexed: bool,
+    /// The wr_id of each accepted send WR, by index.
+    ids: Vec<u64>,
 }
 
 impl Book {
@@ -117,6 +122,17 @@ impl Book {
         }
         let Some(p) = self.sends.pop_front() else {
             return self.err(format!("release {c:?} with no WR outstanding (released twice?)"));
+        };
+        let named;
+        let c = if self.indexed {
+            // Releases come once each in post order: the n-th is index n, whichever WR it is.
+            if c.wr_id != self.released {
+                self.err(format!("release {c:?} carries index {} but {} send releases came before it", c.wr_id, self.released));
+            }
+            named = Completion { wr_id: p.wr_id, ..*c };
+            &named
+        } else {
+            c
         };
         if p.wr_id != c.wr_id {
             self.err(format!("release of wr_id {} but the oldest outstanding WR is {} (order or exactly-once broken)", c.wr_id, p.wr_id));
@@ -198,6 +214,8 @@ struct Slot {
     next_recv: u64,
     /// The queue leaves the WRs it posted as posted (`QueueConfig::no_restore`).
     no_restore: bool,
+    /// The queue names its WRs by index (`QueueConfig::indexed`): the wr_ids of a chain are not restored.
+    indexed: bool,
     /// Something made failures legitimate (a fault, an overrun of its CQ, an SRQ error, set_error).
     tainted: bool,
     /// Packets of its connection can be lost (random loss, or a loss fault on it): then the transport may give
@@ -290,6 +308,8 @@ impl Book {
             transport_failed: false,
             accepted: 0,
             released: 0,
+            indexed: false,
+            ids: Vec::new(),
         }
     }
 }
@@ -509,6 +529,8 @@ impl World {
             verify_buffers: verify,
             // A third of the queues leave their WRs as posted: the runner builds every WR afresh for its post.
             no_restore: i % 3 == 2,
+            // A quarter name their WRs by index, with batched releases (odd) or without.
+            indexed: i % 4 == 1 || i % 8 == 2,
         };
         let buf = Rc::new(Buf::new((PROBE_OFF + CHUNK) as usize, 0));
         let recv_buf = Rc::new(Buf::new((2 * RQ_DEPTH * RECV_LEN) as usize, 0));
@@ -517,6 +539,7 @@ impl World {
         let mr = self.reg(&buf);
         let recv_key = keys(self.reg(&recv_buf));
         let book = Rc::new(RefCell::new(Book::new(&self.dev, &buf, &self.errors, i)));
+        book.borrow_mut().indexed = cfg.indexed;
         let handler = {
             let b = book.clone();
             ReleaseHandler::Closure(Box::new(move |c: &Completion| b.borrow_mut().on_release(c)))
@@ -564,7 +587,12 @@ impl World {
             let b = book.clone();
             q.set_release_batch(Box::new(move |r: &sqdisc::ReleaseBatch<'_>| {
                 let mut book = b.borrow_mut();
-                for &wr_id in r.wr_ids {
+                if r.first != book.released || r.count == 0 || r.wr_ids.len() != if book.indexed { 0 } else { r.count } {
+                    let what = format!("batch from index {} of {} WRs ({} wr_ids) after {} send releases", r.first, r.count, r.wr_ids.len(), book.released);
+                    book.err(what);
+                }
+                for k in 0..r.count {
+                    let wr_id = if book.indexed { r.first + k as u64 } else { r.wr_ids[k] };
                     book.on_release(&Completion { wr_id, status: r.status, vendor_err: r.vendor_err, ..Completion::default() });
                 }
             }))
@@ -587,7 +615,8 @@ impl World {
             recv_key,
             next_id: 0,
             next_recv: 0,
-            no_restore: cfg.no_restore,
+            no_restore: cfg.no_restore || cfg.indexed,
+            indexed: cfg.indexed,
             tainted: false,
             lossy: self.dev.config().loss_ppm > 0 || self.dev.config().ack_loss_ppm > 0,
             drained: false,
@@ -763,9 +792,15 @@ impl World {
             }
         };
         let after: Vec<(u64, u32)> = ws.iter().map(|w| (w.wr.wr_id, w.wr.send_flags)).collect();
-        // A queue that leaves WRs as posted owes the WRs it did not take, and every link, as they were.
+        // A queue that leaves WRs as posted owes the WRs it did not take, and every link, as they were; an
+        // indexed one owes their flags only.
         let kept = if no_restore { taken } else { 0 };
-        ensure!(before[kept..] == after[kept..], "queue {i}: the chain was not restored: {before:?} -> {after:?}");
+        if s.indexed {
+            let flags = |v: &[(u64, u32)]| v.iter().map(|x| x.1).collect::<Vec<_>>();
+            ensure!(flags(&before[kept..]) == flags(&after[kept..]), "queue {i}: the flags of the WRs not accepted were not restored: {before:?} -> {after:?}");
+        } else {
+            ensure!(before[kept..] == after[kept..], "queue {i}: the chain was not restored: {before:?} -> {after:?}");
+        }
         for (k, w) in ws.iter().enumerate() {
             let want = ws.get(k + 1).map_or(std::ptr::null(), |n| &n.wr as *const _);
             ensure!(std::ptr::eq(w.wr.next, want), "queue {i}: the link after WR {k} of the chain was not restored");
@@ -780,6 +815,7 @@ impl World {
             }
         }
         b.accepted += taken as u64;
+        b.ids.extend(pend[..taken].iter().map(|p| p.wr_id));
         for p in &pend[..taken] {
             if p.ulp_signaled {
                 b.ulp_signaled.insert(p.wr_id);
@@ -880,6 +916,10 @@ impl World {
                     }
                 } else if w.wr_id >= RECV_IDS {
                     s.shown_recvs.push((w.wr_id, w.status));
+                } else if s.indexed {
+                    // The completion of an indexed queue's WR carries its index.
+                    let id = s.book.borrow().ids.get(w.wr_id as usize).copied().unwrap_or(u64::MAX);
+                    s.shown_sends.push((id, w.status));
                 } else {
                     s.shown_sends.push((w.wr_id, w.status));
                 }
