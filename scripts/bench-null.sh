@@ -8,7 +8,7 @@
 
 null_section() {
     local n=$1 depth=128 interval=32
-    local batches=(1 8 32) posters=(raw-moderated raw-signal sqdisc sqdisc-batch sqdisc-lean)
+    local batches=(1 8 32) posters=(raw-moderated raw-signal sqdisc sqdisc-batch sqdisc-lean sqdisc-indexed)
     local -A ins prov cq al
     local b p
     for b in "${batches[@]}"; do
@@ -26,7 +26,7 @@ null_section() {
                     || { note "bench: sqd_queue_stats disagrees with the null provider's counters: $line"; exit 1; }
                 [ "$(kv q_parked "$line")" = 0 ] || { note "bench: WRs went through the backlog: $line"; exit 1; }
             fi
-            note "$(printf 'null provider: %-13s batch %2s: %7s instr/WR (provider %5s) cqes/WR %s allocs/WR %s' \
+            note "$(printf 'null provider: %-14s batch %2s: %7s instr/WR (provider %5s) cqes/WR %s allocs/WR %s' \
                 "$p" "$b" "${ins[$k]}" "${prov[$k]}" "${cq[$k]}" "${al[$k]}")"
         done
     done
@@ -74,6 +74,7 @@ null_section() {
     done
 
     ratio2() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+    join_dot() { local out=$1; shift; for x in "$@"; do out+=" · $x"; done; echo "$out"; }
     # The target column for ratio $2 at batch $1, and whether $3 instructions per WR are fewer than $4's
     # (signal-every-WR; no target at batch 1).
     target_cell() { echo "<= ${NULL_TARGET[$1]} ($(awk -v r="$2" -v t="${NULL_TARGET[$1]}" 'BEGIN { print (r <= t ? "met" : "not met") }'))"; }
@@ -100,23 +101,31 @@ null_section() {
         echo "| $b | $m | $a | **$q** | **$r** | $(target_cell "$b" "$r") | $(fewer_cell "$b" "$q" "$a") |"
     done
     echo
-    echo "The same workload with the two opt-in options of the API that cut per-WR work: batched releases"
+    echo "The same workload with the opt-in options of the API that cut per-WR work: batched releases"
     echo "(\`sqd_queue_set_release_batch\`: one callback per run of releases, with their wr_ids; the callback counts"
-    echo "them), and those together with \`SQD_QUEUE_NO_RESTORE\` (the posted WRs are not restored after the post;"
-    echo "the loop fills every WR before each post anyway):"
+    echo "them); those together with \`SQD_QUEUE_NO_RESTORE\` (the posted WRs are not restored after the post; the"
+    echo "loop fills every WR before each post anyway); and batched releases on a queue with \`SQD_QUEUE_INDEXED\`"
+    echo "(WRs named by their index: no wr_id kept or handed back, no restore; the callback checks that each batch"
+    echo "starts at the index it expects, then counts):"
     echo
-    echo "| batch | sqdisc, batched releases | / hand-mod | sqdisc, batched releases + NO_RESTORE | / hand-mod | target | the lean one < signal-every-WR |"
-    echo "|---:|---:|---:|---:|---:|---:|---|"
+    echo "| batch | batched releases | / hand-mod | batched + NO_RESTORE | / hand-mod | batched + INDEXED | / hand-mod | target | indexed < signal-every-WR |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     for b in "${batches[@]}"; do
-        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} qb=${ins[sqdisc-batch/$b]} ql=${ins[sqdisc-lean/$b]} rl
-        rl=$(ratio2 "$ql" "$m")
-        echo "| $b | $qb | $(ratio2 "$qb" "$m") | **$ql** | **$rl** | $(target_cell "$b" "$rl") | $(fewer_cell "$b" "$ql" "$a") |"
+        local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} qb=${ins[sqdisc-batch/$b]} ql=${ins[sqdisc-lean/$b]} qi=${ins[sqdisc-indexed/$b]} ri
+        ri=$(ratio2 "$qi" "$m")
+        echo "| $b | $qb | $(ratio2 "$qb" "$m") | $ql | $(ratio2 "$ql" "$m") | **$qi** | **$ri** | $(target_cell "$b" "$ri") | $(fewer_cell "$b" "$qi" "$a") |"
     done
     echo
-    echo "| batch | the provider's own instr/WR: hand-mod · signal-every-WR · sqdisc · batched · lean | CQEs/WR: hand-mod · signal-every-WR · sqdisc · batched · lean | heap allocations/WR: hand-mod · signal-every-WR · sqdisc · batched · lean |"
+    echo "| batch | the provider's own instr/WR: hand-mod · signal-every-WR · sqdisc · batched · lean · indexed | CQEs/WR: hand-mod · signal-every-WR · sqdisc · batched · lean · indexed | heap allocations/WR: hand-mod · signal-every-WR · sqdisc · batched · lean · indexed |"
     echo "|---:|---|---|---|"
     for b in "${batches[@]}"; do
-        echo "| $b | ${prov[raw-moderated/$b]} · ${prov[raw-signal/$b]} · ${prov[sqdisc/$b]} · ${prov[sqdisc-batch/$b]} · ${prov[sqdisc-lean/$b]} | ${cq[raw-moderated/$b]} · ${cq[raw-signal/$b]} · ${cq[sqdisc/$b]} · ${cq[sqdisc-batch/$b]} · ${cq[sqdisc-lean/$b]} | ${al[raw-moderated/$b]} · ${al[raw-signal/$b]} · ${al[sqdisc/$b]} · ${al[sqdisc-batch/$b]} · ${al[sqdisc-lean/$b]} |"
+        local pp=() cc=() aa=()
+        for p in "${posters[@]}"; do
+            pp+=("${prov[$p/$b]}")
+            cc+=("${cq[$p/$b]}")
+            aa+=("${al[$p/$b]}")
+        done
+        echo "| $b | $(join_dot "${pp[@]}") | $(join_dot "${cc[@]}") | $(join_dot "${aa[@]}") |"
     done
     echo
     echo "Poll cost against the number of queues on one CQ (every WR signaled by the ULP, WR k to queue k mod Q, queues"
