@@ -345,8 +345,7 @@ impl QueueShared {
             if n == 0 {
                 return;
             }
-            let (first_part, wrapped) = ring.run_slots(tail, n);
-            let first = first_part[0].get();
+            let first = ring.get(tail);
             if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
                 return;
             }
@@ -356,12 +355,16 @@ impl QueueShared {
             // batch whole.
             let plain = ring.is_plain_from(tail) && !ledger.has_failed();
             debug_assert!(
-                !plain || first_part.iter().chain(wrapped).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
-                    && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0),
+                !plain || {
+                    let (a, b) = ring.run_slots(tail, n);
+                    a.iter().chain(b).all(|s| s.get().status() == 0 && s.get().vendor_err() == 0
+                        && s.get().flags() & (Slot::INTERNAL | Slot::OP) == 0)
+                },
                 "a plain run holds successes of the ULP's WRs only"
             );
             let first_index = ledger.wr_index();
             let count = if GATHER {
+                let (first_part, wrapped) = ring.run_slots(tail, n);
                 // Borrowed once, for the copy and the call: nothing else borrows the array while the pass runs (a
                 // release pass started from the handler returns at once, and the footprint counts the array by
                 // the ring's capacity).
@@ -389,6 +392,7 @@ impl QueueShared {
                 let count = if plain {
                     n as usize
                 } else {
+                    let (first_part, wrapped) = ring.run_slots(tail, n);
                     let k = count_alike(first_part, first.meta());
                     if k == first_part.len() && !wrapped.is_empty() { k + count_alike(wrapped, first.meta()) } else { k }
                 };
