@@ -7,7 +7,7 @@
 //! must return -EBUSY), deferred actions, invalidations, MR tracking, async events of every type, NULL and
 //! malformed arguments, and calls made again from inside release callbacks; queues with a batch release
 //! callback (`sqd_queue_set_release_batch`, set at creation or later) and queues made with
-//! `SQD_QUEUE_NO_RESTORE`; on the software HCA also a managed SRQ that some QPs receive from (posted to,
+//! `SQD_QUEUE_NO_RESTORE` or `SQD_QUEUE_INDEXED`; on the software HCA also a managed SRQ that some QPs receive from (posted to,
 //! released, failed, freed in every order). Every call goes through the symbols declared by include/*.h.
 //!
 //! Checked after every call: the result is 0, a count, or a negative errno of the documented set, and a
@@ -17,8 +17,10 @@
 //! or `sqd_cq_arm` returns one; `sqd_queue_set_release_batch` refuses a second call, a queue without `release`
 //! and calls from the queue's own callbacks; a deferred action runs once, when what it waits for is released;
 //! `*bad_wr` and the ULP's chain after `sqd_post_send` (with `SQD_QUEUE_NO_RESTORE`, of the accepted WRs only
-//! the links); frees refuse exactly while something is outstanding; completions returned for a managed QP
-//! carry the ULP's own wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown
+//! the links; with `SQD_QUEUE_INDEXED`, no wr_id); frees refuse exactly while something is outstanding;
+//! completions returned for a managed QP carry the ULP's own wr_ids (an indexed queue's sends: the index of
+//! one it accepted); each batch starts at the count of the queue's send releases before it; an indexed
+//! queue's releases carry the index that count gives and its batches no wr_ids; an SRQ receive is released once, by the SRQ. Checked at the end, after teardown
 //! (QPs to error, drain, poll, free): every accepted WR, receive and invalidation was released exactly once,
 //! the queues' counters agree, every object frees, and, when the program told the library only the truth, the
 //! device saw no SQ overflow or CQ overrun. AddressSanitizer and LeakSanitizer watch the whole run; a panic
@@ -146,8 +148,9 @@ struct AttrSpec {
     manage_recv: bool,
     signal_interval: Num,
     backlog: u8,
-    /// `attr.flags`: bits 0 and 1 (`SQD_QUEUE_VERIFY_BUFFERS`, `SQD_QUEUE_NO_RESTORE`), or all 32 bits with
-    /// `any_flags`. Bit 7 ([`ATTR_BATCH`]) is no queue flag: it gives the queue a batch release callback.
+    /// `attr.flags`: bits 0 to 2 (`SQD_QUEUE_VERIFY_BUFFERS`, `SQD_QUEUE_NO_RESTORE`, `SQD_QUEUE_INDEXED`), or
+    /// all 32 bits with `any_flags`. Bit 7 ([`ATTR_BATCH`]) is no queue flag: it gives the queue a batch release
+    /// callback.
     flags: u32,
     any_flags: bool,
     send_cq: CqSel,
@@ -320,8 +323,13 @@ struct Slot {
     batched: bool,
     /// Made with `SQD_QUEUE_VERIFY_BUFFERS`: every release goes to `release`, none in a batch.
     verifies: bool,
-    /// Made with `SQD_QUEUE_NO_RESTORE`: of the WRs `sqd_post_send` accepted, only `next` is restored.
+    /// Made with `SQD_QUEUE_NO_RESTORE` (or `SQD_QUEUE_INDEXED`): of the WRs `sqd_post_send` accepted, only
+    /// `next` is restored.
     no_restore: bool,
+    /// Made with `SQD_QUEUE_INDEXED`: sends are named by their index, no wr_id is restored.
+    indexed: bool,
+    /// The wr_id of each send WR the queue accepted, by index.
+    ids: Vec<u64>,
     /// The statuses of the queue's send releases so far (per-WR and batched alike).
     send_order: StatusOrder,
     /// A send's status as its release or `sqd_cq_poll` gave it, whichever came first, until the other comes:
@@ -496,14 +504,16 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
     let w = world();
     let reentry = {
         let mut s = w.slots[slot].borrow_mut();
-        let (kind, from, _) = split_id(c.wr_id);
-        assert_eq!(from, slot, "slot {slot} released wr_id {:#x} of another queue", c.wr_id);
-        if c.flags & SQD_COMPLETION_RECV != 0 {
-            assert_eq!(kind, KIND_RECV, "a receive release with wr_id {:#x}", c.wr_id);
+        let recv = c.flags & SQD_COMPLETION_RECV != 0;
+        let wr_id = if s.indexed && !recv { wr_id_of_index(&s, slot, c.wr_id) } else { c.wr_id };
+        let (kind, from, _) = split_id(wr_id);
+        assert_eq!(from, slot, "slot {slot} released wr_id {wr_id:#x} of another queue");
+        if recv {
+            assert_eq!(kind, KIND_RECV, "a receive release with wr_id {wr_id:#x}");
             let front = s.recvs.pop_front();
-            assert_eq!(front, Some(c.wr_id), "slot {slot}: receive released out of order or twice");
+            assert_eq!(front, Some(wr_id), "slot {slot}: receive released out of order or twice");
         } else {
-            release_send(&mut s, slot, c.wr_id, c.status, c.flags & SQD_COMPLETION_REFUSED != 0);
+            release_send(&mut s, slot, wr_id, c.status, c.flags & SQD_COMPLETION_REFUSED != 0);
         }
         if c.flags & SQD_COMPLETION_REFUSED != 0 {
             // A parked WR the provider refused when the library posted it.
@@ -516,6 +526,13 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
         s.reentry
     };
     reenter_once(slot, reentry);
+}
+
+/// The wr_id of the send an indexed queue releases with `index`: the next one it owes (releases come once each
+/// in post order), of those it accepted.
+fn wr_id_of_index(s: &Slot, slot: usize, index: u64) -> u64 {
+    assert_eq!(index, s.released, "slot {slot}: a send release with index {index} after {} send releases", s.released);
+    *s.ids.get(index as usize).unwrap_or_else(|| panic!("slot {slot}: a send release with index {index}, of {} accepted", s.ids.len()))
 }
 
 /// What every release of a send WR owes, whether it comes to `release` or in a batch: it is the queue's oldest
@@ -538,17 +555,24 @@ unsafe extern "C" fn on_release_batch(ctx: *mut c_void, b: *const sqd_release_ba
     // SAFETY: the library passes a batch valid for the duration of the call.
     let b = unsafe { &*b };
     assert!(b.count >= 1, "slot {slot}: an empty release batch");
-    assert!(!b.wr_ids.is_null(), "slot {slot}: a release batch of {} without wr_ids", b.count);
-    // SAFETY: `wr_ids` holds `count` wr_ids, valid for the duration of the call.
-    let ids = unsafe { std::slice::from_raw_parts(b.wr_ids, b.count as usize) };
     assert!(b.status != IBV_WC_SUCCESS || b.vendor_err == 0, "slot {slot}: a batch of successes with vendor_err {:#x}", b.vendor_err);
     let w = world();
     let reentry = {
         let mut s = w.slots[slot].borrow_mut();
         assert!(s.batched, "slot {slot}: a release batch on a queue without a batch callback");
         assert!(!s.verifies, "slot {slot}: a release batch on a queue that verifies buffers");
+        assert_eq!(b.first, s.released, "slot {slot}: a release batch from index {} after {} send releases", b.first, s.released);
+        let ids: Vec<u64> = if s.indexed {
+            assert!(b.wr_ids.is_null(), "slot {slot}: an indexed queue's release batch with wr_ids");
+            let range = b.first as usize..(b.first + u64::from(b.count)) as usize;
+            s.ids.get(range).unwrap_or_else(|| panic!("slot {slot}: a release batch of {} from index {}, of {} accepted", b.count, b.first, s.ids.len())).to_vec()
+        } else {
+            assert!(!b.wr_ids.is_null(), "slot {slot}: a release batch of {} without wr_ids", b.count);
+            // SAFETY: `wr_ids` holds `count` wr_ids, valid for the duration of the call.
+            unsafe { std::slice::from_raw_parts(b.wr_ids, b.count as usize) }.to_vec()
+        };
         // A batch carries posted WRs only (never refused ones): each wr_id passes every check of `release`.
-        for &id in ids {
+        for id in ids {
             release_send(&mut s, slot, id, b.status, false);
         }
         s.reentry
@@ -825,13 +849,16 @@ fn post_send(slot: usize, specs: &[WrSpec], repeat: u8) {
         );
         at
     };
+    let indexed = w.slots[slot].borrow().indexed;
     for (i, r) in wrs.iter().enumerate() {
         if no_restore && i < accepted {
             // SQD_QUEUE_NO_RESTORE: of a WR the call accepted, only the link is the caller's again.
             assert_eq!(r.next as usize, before[i].1, "sqd_post_send (SQD_QUEUE_NO_RESTORE) changed the link of WR {i}");
             continue;
         }
-        let now = (r.wr_id, r.next as usize, r.sg_list as usize, r.num_sge, r.opcode, r.send_flags);
+        // SQD_QUEUE_INDEXED: no wr_id is restored, not even of the WRs not accepted.
+        let wr_id = if indexed { before[i].0 } else { r.wr_id };
+        let now = (wr_id, r.next as usize, r.sg_list as usize, r.num_sge, r.opcode, r.send_flags);
         assert_eq!(now, before[i], "sqd_post_send did not restore WR {i} of the chain");
     }
     for (i, l) in sges.iter().enumerate() {
@@ -839,6 +866,9 @@ fn post_send(slot: usize, specs: &[WrSpec], repeat: u8) {
         assert_eq!(now, sges_before[i], "sqd_post_send changed the SGE list of WR {i}");
     }
     let mut s = w.slots[slot].borrow_mut();
+    if indexed {
+        s.ids.extend((0..accepted).map(|i| make_id(KIND_SEND, slot, first_seq + i as u64)));
+    }
     if !s.blind {
         for i in 0..accepted {
             s.sends.push_back(make_id(KIND_SEND, slot, first_seq + i as u64));
@@ -1120,7 +1150,12 @@ fn check_wcs(wcs: &[ibv_wc]) {
             if s.q.is_null() || s.tainted || s.qp.is_null() || unsafe { (*s.qp).qp_num } != c.qp_num {
                 continue;
             }
-            let (kind, from, seq) = split_id(c.wr_id);
+            let mut wr_id = c.wr_id;
+            if s.indexed && split_id(wr_id).0 == 0 {
+                // An indexed queue's send completion: the index of a WR it accepted.
+                wr_id = *s.ids.get(wr_id as usize).unwrap_or_else(|| panic!("slot {i}: a completion with index {wr_id}, of {} accepted", s.ids.len()));
+            }
+            let (kind, from, seq) = split_id(wr_id);
             let srq_recv = kind == KIND_SRQ && from == SRQ_SLOT && s.on_srq && w.srq.as_ref().is_some_and(|m| seq < m.next_seq.get());
             assert!(
                 srq_recv || (kind == KIND_SEND || kind == KIND_RECV) && from == i && seq < s.next_seq,
@@ -1129,7 +1164,7 @@ fn check_wcs(wcs: &[ibv_wc]) {
                 c.status
             );
             if kind == KIND_SEND && !s.blind {
-                see_status(&mut s, i, c.wr_id, SeenStatus::Polled(c.status));
+                see_status(&mut s, i, wr_id, SeenStatus::Polled(c.status));
             }
         }
     }
@@ -1343,7 +1378,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     let sge = a.sge.get(caps.2);
     let inline = a.inline.get(caps.3);
     let rq = if a.manage_recv { a.rq.get(caps.1) } else { 0 };
-    let mut flags = if a.any_flags { a.flags } else { a.flags & (SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE) };
+    let mut flags = if a.any_flags { a.flags } else { a.flags & (SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE | SQD_QUEUE_INDEXED) };
     let checksums = u64::from(sq.saturating_add(u32::from(a.backlog))) * u64::from(sge.max(1));
     if checksums > MAX_VERIFY_CHECKSUMS {
         flags &= !SQD_QUEUE_VERIFY_BUFFERS;
@@ -1368,7 +1403,7 @@ fn new_queue(slot: usize, a: &AttrSpec) {
         return;
     }
     assert!(!out.is_null());
-    let known_flags = SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE;
+    let known_flags = SQD_QUEUE_VERIFY_BUFFERS | SQD_QUEUE_NO_RESTORE | SQD_QUEUE_INDEXED;
     assert!(scq_i == own_s && sq >= 1 && attr.flags & !known_flags == 0, "sqd_queue_new accepted a bad queue");
     assert!(srq.is_null() || (on_srq && rq == 0 && rcq_i == own_r), "sqd_queue_new accepted a queue on an SRQ its QP does not use");
     assert!(srq.is_null() || !w.srq.as_ref().is_some_and(|m| m.retired.get()), "sqd_queue_new accepted a queue on a retired SRQ");
@@ -1396,7 +1431,9 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     s.blind = a.no_release;
     s.batched = false;
     s.verifies = attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0;
-    s.no_restore = attr.flags & SQD_QUEUE_NO_RESTORE != 0;
+    s.indexed = attr.flags & SQD_QUEUE_INDEXED != 0;
+    s.no_restore = attr.flags & (SQD_QUEUE_NO_RESTORE | SQD_QUEUE_INDEXED) != 0;
+    s.ids.clear();
     s.send_order = StatusOrder::default();
     s.send_statuses.clear();
     s.accepted = 0;
