@@ -60,16 +60,14 @@ impl QueueShared {
         }
         if self.batcher.get().is_some() {
             self.run_batched_release_loop();
-        } else if self.indexed && !self.verifying {
-            self.run_indexed_releases();
         } else {
-            self.run_plain_releases();
+            (self.plain_releases)(self);
         }
     }
 
     /// `run_releases` for a queue without a batch handler: the per-WR pass, with or without the verifier.
     #[inline(never)]
-    fn run_plain_releases(&self) {
+    pub(super) fn run_plain_releases(&self) {
         let _guard = ClearOnDrop(&self.releasing);
         if self.verifying {
             self.run_release_loop::<true, false>();
@@ -79,10 +77,10 @@ impl QueueShared {
     }
 
     /// `run_plain_releases` for an indexed queue that does not verify buffers: the per-WR releases carry
-    /// indexes. A function of its own: chosen inside `run_plain_releases`, it cost that one's per-WR loop a
-    /// register (an instruction per release).
+    /// indexes. A function of its own (`QueueShared::plain_releases` picks it): chosen inside
+    /// `run_plain_releases`, it cost that one's per-WR loop a register (an instruction per release).
     #[inline(never)]
-    fn run_indexed_releases(&self) {
+    pub(super) fn run_indexed_releases(&self) {
         let _guard = ClearOnDrop(&self.releasing);
         self.run_release_loop::<false, true>();
     }
