@@ -6,7 +6,8 @@
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
-    /// The ULP's own wr_id.
+    /// The ULP's own wr_id; for a send WR of a queue made with `SQD_QUEUE_INDEXED`, its index (how many send WRs
+    /// the queue accepted before it).
     pub wr_id: u64,
     /// An `enum ibv_wc_status` value: `IBV_WC_SUCCESS`, the error of the WR's CQE, `IBV_WC_WR_FLUSH_ERR`, or
     /// `IBV_WC_LOC_QP_OP_ERR` for a WR the provider refused (`SQD_COMPLETION_REFUSED`).

@@ -297,10 +297,10 @@ impl Cq {
 
     /// Reaps completions into `out` and returns how many are for the ULP: exactly the work completions raw verbs
     /// would have given it for the WRs it posted (receives, sends it asked to be signaled, every error and
-    /// flush), with its own wr_ids. Runs release callbacks and deferred actions of the queues on this CQ, posts
-    /// parked WRs as credits return, and covers idle unsignaled tails. Reaps at most the CQ's capacity of CQEs
-    /// beyond `out.len()` (every CQE present when it began among them), so callbacks that keep posting cannot
-    /// hold it forever.
+    /// flush), with its own wr_ids (a send's index on an indexed queue, `QueueConfig::indexed`). Runs release
+    /// callbacks and deferred actions of the queues on this CQ, posts parked WRs as credits return, and covers
+    /// idle unsignaled tails. Reaps at most the CQ's capacity of CQEs beyond `out.len()` (every CQE present when
+    /// it began among them), so callbacks that keep posting cannot hold it forever.
     #[inline]
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.poll(out)
