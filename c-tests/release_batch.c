@@ -97,18 +97,24 @@ static void successes_come_in_batches(void)
     no_violations(the_rig);
 }
 
+/* Settles the queue; both callbacks together saw `n` releases, of wr_ids (or indexes) 0 to n - 1 in order. */
+static void settle_in_order(struct mq *m, size_t n)
+{
+    settle(the_rig, m);
+    CHECK(!batch_error[0]);
+    callbacks_ok(m);
+    CHECK_EQ(nseen, n);
+    for (size_t i = 0; i < n; i++)
+        CHECK_EQ(seen[i].wr_id, i);
+}
+
 static void a_failure_keeps_order_across_both_callbacks(void)
 {
     struct mq *m = batched_queue((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 8});
     post_sends(m, 0, 12); /* 0..7 posted, 8..11 parked */
     CHECK_EQ(complete(m, 2), 2);
     CHECK_EQ(sqd_scripted_fail(m->qp, IBV_WC_REM_ACCESS_ERR, 7), 0); /* WR 2 fails, 3..7 are flushed */
-    settle(the_rig, m);
-    CHECK(!batch_error[0]);
-    callbacks_ok(m);
-    CHECK_EQ(nseen, 12);
-    for (size_t i = 0; i < 12; i++)
-        CHECK_EQ(seen[i].wr_id, i);
+    settle_in_order(m, 12);
     CHECK_EQ(seen[0].status, IBV_WC_SUCCESS);
     CHECK_EQ(seen[1].status, IBV_WC_SUCCESS);
     CHECK_EQ(seen[2].status, IBV_WC_REM_ACCESS_ERR);
@@ -144,12 +150,7 @@ static void an_indexed_queue_releases_indexes(void)
     CHECK(n > 0);
     CHECK_EQ(wc[0].wr_id, 3);
     CHECK_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
-    settle(the_rig, m);
-    CHECK(!batch_error[0]);
-    callbacks_ok(m);
-    CHECK_EQ(nseen, 13);
-    for (size_t i = 0; i < 13; i++)
-        CHECK_EQ(seen[i].wr_id, i);
+    settle_in_order(m, 13);
     CHECK_EQ(seen[3].status, IBV_WC_REM_ACCESS_ERR);
     /* The parked WRs come one by one, with their indexes too. */
     CHECK(m->nlog >= 4);
