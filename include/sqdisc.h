@@ -677,7 +677,8 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * They are exactly the completions raw verbs would have given the ULP for the WRs it posted through its
  * queues: receive completions, send completions of WRs posted with `IBV_SEND_SIGNALED`, and every error or
  * flush completion, each with the ULP's own `wr_id` (a send's index on a queue made with `SQD_QUEUE_INDEXED`;
- * on error completions only `wr_id`, `status`, `qp_num` and `vendor_err` are valid, as in verbs). Completions the library added for moderation are not shown.
+ * on error completions only `wr_id`, `status`, `qp_num` and `vendor_err` are valid, as in verbs). Completions
+ * the library added for moderation are not shown.
  *
  * Meanwhile it runs the release callbacks and deferred actions the reaped CQEs make due (in post order per
  * queue), posts backlogged WRs as credits return, and covers idle unsignaled tails: a queue that has an

@@ -444,9 +444,10 @@ mod tests {
         }
     }
 
-    /// `copy_alike_wr_ids` (and `count_alike`) stops where a slot by slot walk would, whatever the length and wherever the first
-    /// slot that does not belong (same opcode and flags but another status or vendor error, or an `INTERNAL` or
-    /// `OP` flag, or nothing but another opcode and flags, which belongs), and copies exactly those wr_ids.
+    /// `copy_alike_wr_ids` (and `count_alike`) stops where a slot by slot walk would, whatever the length and
+    /// wherever the first slot that does not belong (same opcode and flags but another status or vendor error,
+    /// or an `INTERNAL` or `OP` flag, or nothing but another opcode and flags, which belongs), and copies exactly
+    /// those wr_ids.
     #[test]
     fn copy_alike_wr_ids_stops_where_the_run_does() {
         let like = Slot::new(0, 2, 0).meta;

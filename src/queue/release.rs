@@ -332,6 +332,8 @@ impl QueueShared {
         }
     }
 
+    /// `release_batched` for one kind of queue, decided once per pass: one that keeps wr_ids gathers them
+    /// (`GATHER`), an indexed one hands over only where each batch starts and how long it is.
     #[inline(always)]
     fn release_batches<const GATHER: bool>(&self, b: &Batcher) {
         let ledger = &*self.ledger;
