@@ -269,11 +269,13 @@ impl QueueShared {
             return;
         }
         let mut released = ledger.released();
-        // An indexed queue's release carries the WR's index: `released` less the operations released, which
-        // none of these releases is.
-        let ops = if INDEXED { released - ledger.wr_index() } else { 0 };
         // Only the fields a posted WR's slot fills change from one release to the next.
         let mut plain = Completion::default();
+        // An indexed queue's release carries the WR's index, one more than the last one's (none of these
+        // releases is a library operation's), counted in the completion itself: no register for it.
+        if INDEXED {
+            plain.wr_id = ledger.wr_index().wrapping_sub(1);
+        }
         // One CQE per WR (every WR signaled): no slices to set up for one slot. Otherwise the complete slots as
         // slices, walked in order: nothing is indexed per release.
         let (one, (a, b)) = if n == 1 { (Some(ring.get(tail)), (&[][..], &[][..])) } else { (None, ring.slots_of(tail, n)) };
@@ -300,7 +302,7 @@ impl QueueShared {
             tail += 1;
             released += 1;
             ledger.set_released(tail, released);
-            plain.wr_id = if INDEXED { released - 1 - ops } else { slot.wr_id };
+            plain.wr_id = if INDEXED { plain.wr_id.wrapping_add(1) } else { slot.wr_id };
             release(&plain);
             debug_assert_eq!((ring.tail(), ledger.released()), (tail, released), "a callback moved the release point");
             true
