@@ -273,6 +273,9 @@ pub(crate) struct QueueShared {
 struct Batcher {
     handler: BatchCall,
     wr_ids: RefCell<Box<[u64]>>,
+    /// The queue's release pass (`run_batched_release_loop`, with indexes on an indexed queue), picked with
+    /// the handler: the CQE path then tests nothing more than whether a batcher is set.
+    pass: fn(&QueueShared),
 }
 
 /// What a queue allocates at creation: everything whose size its configuration decides.
@@ -712,7 +715,11 @@ impl Queue {
         let len = if s.indexed { 0 } else { s.ledger.ring.capacity() };
         let wr_ids = crate::alloc::boxed_slice(len, 0u64, "the array of a release batch's wr_ids")?;
         s.batcher
-            .set(Batcher { handler, wr_ids: RefCell::new(wr_ids) })
+            .set(Batcher {
+                handler,
+                wr_ids: RefCell::new(wr_ids),
+                pass: if s.indexed { QueueShared::run_batched_release_loop::<true> } else { QueueShared::run_batched_release_loop::<false> },
+            })
             .map_err(|_| Error::new(libc::EBUSY, "the queue's batch handler is already set"))
     }
 

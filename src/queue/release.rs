@@ -58,8 +58,8 @@ impl QueueShared {
         if self.releasing.replace(true) {
             return;
         }
-        if self.batcher.get().is_some() {
-            self.run_batched_release_loop();
+        if let Some(b) = self.batcher.get() {
+            (b.pass)(self);
         } else {
             (self.plain_releases)(self);
         }
@@ -97,18 +97,19 @@ impl QueueShared {
         }
     }
 
-    /// `run_release_loop` for a queue with a batch handler (and so with a release handler). Marked cold only to
+    /// `run_release_loop` for a queue with a batch handler (and so with a release handler), with indexes
+    /// instead of wr_ids if `INDEXED`: the batcher's `pass`, picked when the handler is set. Marked cold only to
     /// keep it off the straight line of the per-WR handler's pass, whose registers it would otherwise disturb
     /// (10 instructions per WR).
     #[cold]
     #[inline(never)]
-    fn run_batched_release_loop(&self) {
+    pub(super) fn run_batched_release_loop<const INDEXED: bool>(&self) {
         let _guard = ClearOnDrop(&self.releasing);
         let h = self.release.as_ref();
         if self.verifying {
             self.release_loop::<true, true, false>(|c| call(h, c));
         } else {
-            self.release_loop::<false, true, false>(|c| call(h, c));
+            self.release_loop::<false, true, INDEXED>(|c| call(h, c));
         }
     }
 
@@ -125,13 +126,13 @@ impl QueueShared {
         self.release_rest::<VERIFY, BATCH, INDEXED>(&release);
     }
 
-    /// The common releases: through `release` one by one (`release_plain`, with indexes for wr_ids if
-    /// `INDEXED`), or to the batch handler (`release_batched`) if the queue has one (`BATCH`).
+    /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
+    /// (`release_batched`) if the queue has one (`BATCH`); with indexes for wr_ids if `INDEXED`.
     #[inline(always)]
     fn release_common<const BATCH: bool, const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
         if BATCH {
             if let Some(b) = self.batcher.get() {
-                self.release_batched(b);
+                self.release_batched::<INDEXED>(b);
             }
         } else {
             self.release_plain::<INDEXED>(release);
@@ -321,23 +322,12 @@ impl QueueShared {
     }
 
     /// `release_plain` for a queue with a batch handler: the same releases, each run of them with one status and
-    /// vendor error handed over in one call, with their wr_ids gathered into the batcher's array (`GATHER`)
-    /// unless the queue is indexed. Under `SendLedger`'s contract as `release_plain` is; a batch ends before the
-    /// first barrier, and the barrier is read again after each batch's call, so a barrier the call makes due
-    /// runs before the next release.
+    /// vendor error handed over in one call, with their wr_ids gathered into the batcher's array, or (an
+    /// indexed queue, `INDEXED`) only where the batch starts and how long it is. Under `SendLedger`'s contract
+    /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
+    /// batch's call, so a barrier the call makes due runs before the next release.
     #[inline(always)]
-    fn release_batched(&self, b: &Batcher) {
-        if self.indexed {
-            self.release_batches::<false>(b);
-        } else {
-            self.release_batches::<true>(b);
-        }
-    }
-
-    /// `release_batched` for one kind of queue, decided once per pass: one that keeps wr_ids gathers them
-    /// (`GATHER`), an indexed one hands over only where each batch starts and how long it is.
-    #[inline(always)]
-    fn release_batches<const GATHER: bool>(&self, b: &Batcher) {
+    fn release_batched<const INDEXED: bool>(&self, b: &Batcher) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
         loop {
@@ -347,7 +337,10 @@ impl QueueShared {
             if n == 0 {
                 return;
             }
-            let first = ring.get(tail);
+            // The run's slots, which a batch that gathers wr_ids walks (an indexed batch reads only the first,
+            // unless it compares them).
+            let (first_part, wrapped) = if INDEXED { (&[][..], &[][..]) } else { ring.run_slots(tail, n) };
+            let first = if INDEXED { ring.get(tail) } else { first_part[0].get() };
             if first.flags() & (Slot::INTERNAL | Slot::OP) != 0 {
                 return;
             }
@@ -365,8 +358,7 @@ impl QueueShared {
                 "a plain run holds successes of the ULP's WRs only"
             );
             let first_index = ledger.wr_index();
-            let count = if GATHER {
-                let (first_part, wrapped) = ring.run_slots(tail, n);
+            let count = if !INDEXED {
                 // Borrowed once, for the copy and the call: nothing else borrows the array while the pass runs (a
                 // release pass started from the handler returns at once, and the footprint counts the array by
                 // the ring's capacity).
