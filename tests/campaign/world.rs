@@ -527,10 +527,12 @@ impl World {
             signal_interval: interval as u32,
             backlog_depth: backlog as u32,
             verify_buffers: verify,
-            // A third of the queues leave their WRs as posted: the runner builds every WR afresh for its post.
+            // The queues of one slot in four leave their WRs as posted: the runner builds every WR afresh for its
+            // post.
             no_restore: i % 3 == 2,
-            // A quarter name their WRs by index, with batched releases (odd) or without.
-            indexed: i % 4 == 1 || i % 8 == 2,
+            // About a quarter name their WRs by index, in every slot (with batched releases or not, with
+            // no_restore or not), by the queue's shape rather than its slot.
+            indexed: (sq ^ interval) % 4 == 1,
         };
         let buf = Rc::new(Buf::new((PROBE_OFF + CHUNK) as usize, 0));
         let recv_buf = Rc::new(Buf::new((2 * RQ_DEPTH * RECV_LEN) as usize, 0));
