@@ -260,6 +260,9 @@ pub(crate) struct QueueShared {
     /// through it costs what a direct call does, where a test of the two flags per pass cost the CQE path
     /// three instructions more.
     plain_releases: fn(&QueueShared),
+    /// The quiet run's loop: `fill_quiet::<false>` on an indexed queue (its slots keep no wr_id), else
+    /// `fill_quiet::<true>`, picked at creation.
+    fill_quiet: for<'a> fn(&[Cell<crate::discipline::Slot>], crate::verbs::WrPtr<'a>, u64, &Limits) -> post::QuietRun<'a>,
     release: Option<ReleaseHandler>,
     /// The batch handler (`Queue::set_release_batch`), set at most once.
     batcher: std::cell::OnceCell<Batcher>,
@@ -510,6 +513,7 @@ impl Queue {
             no_restore: c.no_restore || c.indexed,
             indexed: c.indexed,
             plain_releases: if c.indexed && verify.is_none() { QueueShared::run_indexed_releases } else { QueueShared::run_plain_releases },
+            fill_quiet: if c.indexed { post::fill_quiet::<false> } else { post::fill_quiet::<true> },
             qp,
             limits,
             send_cq: send_cq.shared.clone(),

@@ -117,7 +117,7 @@ fn backlog_full(send: &SendState<StagedWr>) -> Error {
 }
 
 /// Where `fill_quiet` stopped, in two words so that it comes back in registers.
-struct QuietRun<'a> {
+pub(super) struct QuietRun<'a> {
     /// Slots filled, from the first.
     filled: usize,
     /// The last WR admitted (the first WR when none was).
@@ -159,7 +159,7 @@ fn each_by_fours<T>(items: &[T], mut step: impl FnMut(&T) -> bool) -> bool {
 /// With `KEEP_WR_ID` false (an indexed queue), a slot keeps the wr_id it held: the queue names its WRs by
 /// their index and never reads it.
 #[inline(never)]
-fn fill_quiet<'a, const KEEP_WR_ID: bool>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
+pub(super) fn fill_quiet<'a, const KEEP_WR_ID: bool>(slots: &[Cell<Slot>], mut w: WrPtr<'a>, first_token: u64, limits: &Limits) -> QuietRun<'a> {
     let mut last = w;
     let mut token = first_token;
     // Admits `w` into `cell` and steps to the next WR; `false` where the run stops (`w` not admitted, or the
@@ -285,11 +285,7 @@ impl QueueShared {
             // admitted in one quiet run and posted with one doorbell; whatever is left (from a WR the ULP or the
             // policy signals on) goes on in the same run (`post_signaled`).
             let (quiet, _, token, gap) = st.send.quiet_run(credits, MAX_RUN, self.send_token);
-            let filled = if self.indexed {
-                fill_quiet::<false>(quiet, first, token, &self.limits)
-            } else {
-                fill_quiet::<true>(quiet, first, token, &self.limits)
-            };
+            let filled = (self.fill_quiet)(quiet, first, token, &self.limits);
             let n = filled.filled as u32;
             let mut run = Run { first, last: filled.last, len: n, added: Added::default() };
             if st.send.quiet_admitted(n, gap) {
