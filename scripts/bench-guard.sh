@@ -41,7 +41,7 @@ declare -A NULL_RATIO_MAX=([1]=2.50 [8]=2.71 [32]=2.52)
 # instructions than signal-every-WR at batch 32, as it does since the sixth round.
 declare -A BATCHED_RATIO_MAX=([1]=2.50 [8]=2.32 [32]=2.04)
 declare -A LEAN_RATIO_MAX=([1]=2.50 [8]=2.00 [32]=1.85)
-# Batched releases on a queue with SQD_QUEUE_INDEXED (2026-12-04, the ninth round): 2.17, 1.72, 1.49, below
+# Batched releases on a queue with SQD_QUEUE_INDEXED (2026-12-04, the ninth round): 2.16, 1.70, 1.48, below
 # signal-every-WR at batch 8 and 32: every target met, so held at the targets themselves.
 declare -A INDEXED_RATIO_MAX=([1]=2.50 [8]=2.00 [32]=1.50)
 NULL_N=1600 # counted WRs per run: (I(2N) - I(N)) / N, a multiple of 32
