@@ -45,7 +45,7 @@ pub const SQD_QUEUE_NO_RESTORE: u32 = 2;
 /// keeps nor restores your wr_ids: a release's `wr_id`, the `wr_id` of a send completion `sqd_cq_poll` returns
 /// (a WR you signaled, or an error) and `sqd_release_batch.first` are indexes, and a batch's `wr_ids` is NULL.
 /// For ULPs that keep their per-WR state in post order (a ring indexed by the index modulo its size, say): it
-/// saves storing each wr_id and handing it back (about 5 instructions per WR with batched releases) and the
+/// saves storing each wr_id and handing it back (about 6 instructions per WR with batched releases) and the
 /// batch array (`sqd_queue_set_release_batch`). Implies `SQD_QUEUE_NO_RESTORE`, and more: after a call of
 /// `sqd_post_send`, the `wr_id` of every WR it was handed is unspecified, the WRs not accepted included.
 pub const SQD_QUEUE_INDEXED: u32 = 4;
