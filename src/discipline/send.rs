@@ -696,10 +696,7 @@ impl<T: Parked> SendState<T> {
             if slot.has(Slot::INTERNAL) {
                 continue;
             }
-            self.ledger.released.set(self.ledger.released.get() + 1);
-            if slot.has(Slot::OP) {
-                self.ledger.ops_released.set(self.ledger.ops_released.get() + 1);
-            }
+            self.count_release(slot.has(Slot::OP));
             return Some(slot);
         }
         None
@@ -724,8 +721,10 @@ impl<T: Parked> SendState<T> {
         self.next_parked_release(store)
     }
 
-    /// A parked WR (a library operation if `op`) is released.
-    fn count_parked_release(&mut self, op: bool) {
+    /// A WR, posted or parked, is released (a library operation if `op`): outside the release loop's common
+    /// runs, which count in `SendLedger::set_released` and hold no operation.
+    #[inline]
+    fn count_release(&mut self, op: bool) {
         self.ledger.released.set(self.ledger.released.get() + 1);
         if op {
             self.ledger.ops_released.set(self.ledger.ops_released.get() + 1);
@@ -755,7 +754,7 @@ impl<T: Parked> SendState<T> {
             self.backlog.pop_front(1, store);
             self.sync_blocked();
             self.front_refused = None;
-            self.count_parked_release(r.op);
+            self.count_release(r.op);
             return Some(r);
         }
         if self.closed().is_some() && self.ledger.ring.outstanding() == 0 {
@@ -773,7 +772,7 @@ impl<T: Parked> SendState<T> {
             };
             self.backlog.pop_front(1, store);
             self.sync_blocked();
-            self.count_parked_release(r.op);
+            self.count_release(r.op);
             return Some(r);
         }
         None

@@ -530,8 +530,7 @@ impl QueueShared {
             // policy. A WR the ULP signals or that needs more than the plain checks ends the run: the step
             // below decides it.
             let (quiet, token) = a.quiet_run();
-            // (An indexed queue's slots may keep wr_ids here too: nothing reads them.)
-            let run = fill_quiet::<true>(quiet, w, token, &self.limits);
+            let run = (self.fill_quiet)(quiet, w, token, &self.limits);
             let k = run.filled;
             if k > 0 {
                 last = run.last;
