@@ -50,6 +50,7 @@
 
 mod events;
 pub mod held;
+pub mod memory;
 mod model;
 mod ops;
 pub mod scriptable;
@@ -520,6 +521,13 @@ impl SimDevice {
         self.model.lock().reg_mr(addr, len, access)
     }
 
+    /// Registers `len` bytes at `addr` of `mem`, memory outside this process (the device daemon's clients'), as
+    /// [`SimDevice::reg_mr`] does for this process's memory. Every DMA through the MR reads or writes through
+    /// `mem`; one that fails is a protection error of that access.
+    pub fn reg_mr_in(&self, mem: std::sync::Arc<dyn memory::Memory>, addr: u64, len: usize, access: u32) -> Result<*mut ibv_mr> {
+        self.model.lock().reg_mr_in(Some(mem), addr as *mut c_void, len, access)
+    }
+
     /// Deregisters an MR: its keys are invalid from now on (a later DMA through them fails) and `mr` dangles.
     /// Logs an "MR invalidated while in use" violation when an unfinished send WQE references it.
     pub fn dereg_mr(&self, mr: *mut ibv_mr) -> Result<()> {
@@ -646,6 +654,14 @@ impl SimDevice {
         self.model.lock().connect(a, b, attr)
     }
 
+    /// Connects one QP to the QP numbered `dest_qpn`, as one side's `ibv_modify_qp` to RTR/RTS does: the other
+    /// side is connected by its own call (until then it drops this QP's requests and they are retransmitted).
+    /// `dest_qpn` may be a QP of this device made by another process of the device daemon. `EINVAL` for a QP in
+    /// error, one connected to another QP, or attributes out of range.
+    pub fn connect_to(&self, qp: *mut ibv_qp, dest_qpn: u32, attr: &SimConnAttr) -> Result<()> {
+        self.model.lock().connect_to(qp, dest_qpn, attr)
+    }
+
     /// Moves a QP to the error state (as `ibv_modify_qp` to `IBV_QPS_ERR`): every unfinished send WQE and
     /// every posted receive flushes with its own CQE, in order.
     pub fn set_error(&self, qp: *mut ibv_qp) -> Result<()> {
@@ -706,6 +722,12 @@ impl SimDevice {
     /// that never ends, a peer that never answers...).
     pub fn run_until_idle(&self, max_steps: u32) -> Result<u64> {
         self.model.lock().run_until_idle(u64::from(max_steps))
+    }
+
+    /// Whether anything is in flight: a WQE waiting to be transmitted or acknowledged, a packet on the wire, an
+    /// ACK pending. Steps change nothing while it is false.
+    pub fn busy(&self) -> bool {
+        self.model.lock().in_flight()
     }
 
     /// Injects a fault (`SQD_SIM_FAULT_*`). `EINVAL` for an unknown kind or a QP not of this device.

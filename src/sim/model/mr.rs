@@ -2,12 +2,14 @@
 //! with the "MR invalidated while in use" check, and DMA through lkeys and rkeys.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_mr};
 
 use crate::{Error, Result};
 use super::{Model, key};
 use super::qp::QpModel;
+use super::super::memory::Memory;
 use super::super::{SQD_SIM_VIOLATION_MR_IN_USE, violation_kind_str};
 use super::wr::Sge;
 
@@ -23,6 +25,9 @@ pub(super) struct MrModel {
     access: u32,
     /// False once invalidated (LocalInv, SEND_WITH_INV); the object lives until deregistration.
     valid: bool,
+    /// Where the registered bytes live: `None` for this process's memory, else another process's, reached
+    /// through the `Memory` given at registration (the device daemon's clients).
+    mem: Option<Arc<dyn Memory>>,
 }
 
 impl Drop for MrModel {
@@ -44,6 +49,11 @@ impl Model {
     }
 
     pub(crate) fn reg_mr(&mut self, addr: *mut c_void, len: usize, access: u32) -> Result<*mut ibv_mr> {
+        self.reg_mr_in(None, addr, len, access)
+    }
+
+    /// Registers `[addr, addr + len)` of `mem` (`None`: this process's memory).
+    pub(crate) fn reg_mr_in(&mut self, mem: Option<Arc<dyn Memory>>, addr: *mut c_void, len: usize, access: u32) -> Result<*mut ibv_mr> {
         if addr.is_null() && len > 0 {
             return Err(Error::invalid("addr is NULL"));
         }
@@ -64,7 +74,7 @@ impl Model {
             lkey: k,
             rkey: k,
         }));
-        self.mrs.insert(k, MrModel { obj, addr: addr as u64, len: len as u64, access, valid: true });
+        self.mrs.insert(k, MrModel { obj, addr: addr as u64, len: len as u64, access, valid: true, mem });
         self.mr_by_obj.insert(key(obj), k);
         Ok(obj)
     }
@@ -133,11 +143,9 @@ impl Model {
                 None => return Err(format!("lkey {:#x} is not registered", s.lkey)),
             }
             let at = out.len();
-            // SAFETY: `[addr, addr + len)` lies inside a valid MR, which its registrant keeps readable while
-            // registered (`reg_mr` contract); `out` has room for `total` bytes and `at + len <= total`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(s.addr as *const u8, out.as_mut_ptr().add(at), s.len as usize);
-                out.set_len(at + s.len as usize);
+            out.resize(at + s.len as usize, 0);
+            if !self.mr_read(s.lkey, s.addr, &mut out[at..]) {
+                return Err(format!("the memory of lkey {:#x} at [{:#x}, +{}) could not be read (its process is gone)", s.lkey, s.addr, s.len));
             }
         }
         self.stats.bytes_read += total as u64;
@@ -166,9 +174,9 @@ impl Model {
                 break;
             }
             let n = (data.len() - off).min(s.len as usize);
-            // SAFETY: checked above: `[addr, addr + n)` lies inside a valid MR registered with local write
-            // access, which its registrant keeps writable while registered; `data[off..off + n]` is in bounds.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), s.addr as *mut u8, n) };
+            if !self.mr_write(s.lkey, s.addr, &data[off..off + n]) {
+                return false;
+            }
             off += n;
         }
         self.stats.bytes_written += data.len() as u64;
@@ -178,5 +186,39 @@ impl Model {
     /// The responder's rkey check (IBA 9.7.4.1.3 style: key valid, range inside the region, access allowed).
     pub(super) fn remote_ok(&self, rkey: u32, addr: u64, len: u64, access: u32) -> bool {
         self.mrs.get(&rkey).is_some_and(|m| m.valid && m.access & access != 0 && m.covers(addr, len))
+    }
+}
+
+impl Model {
+    /// Reads `buf.len()` bytes at `addr` of the MR keyed `key`, which the caller has checked covers them.
+    /// False if its memory cannot be read (another process's that has gone).
+    pub(super) fn mr_read(&self, key: u32, addr: u64, buf: &mut [u8]) -> bool {
+        match self.mrs.get(&key) {
+            Some(m) if !m.covers(addr, buf.len() as u64) => false,
+            Some(MrModel { mem: Some(mem), .. }) => mem.read(addr, buf),
+            Some(_) => {
+                // SAFETY: `[addr, addr + len)` lies inside a valid MR of this process's memory, which its
+                // registrant keeps readable while registered (`reg_mr` contract); `buf` holds `len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes `data` at `addr` of the MR keyed `key`, which the caller has checked covers it and allows the
+    /// write. False if its memory cannot be written.
+    pub(super) fn mr_write(&self, key: u32, addr: u64, data: &[u8]) -> bool {
+        match self.mrs.get(&key) {
+            Some(m) if !m.covers(addr, data.len() as u64) => false,
+            Some(MrModel { mem: Some(mem), .. }) => mem.write(addr, data),
+            Some(_) => {
+                // SAFETY: `[addr, addr + len)` lies inside a valid MR of this process's memory registered with a
+                // write permission, which its registrant keeps writable while registered; `data` is in bounds.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -298,12 +298,7 @@ impl Model {
     }
 
     pub(crate) fn connect(&mut self, a: *mut ibv_qp, b: *mut ibv_qp, attr: &SimConnAttr) -> Result<()> {
-        if attr.rnr_retry > 7 || attr.retry_cnt > 7 || !(1..=MAX_RD_ATOMIC).contains(&attr.max_rd_atomic) {
-            return Err(Error::invalid(format!(
-                "connection attributes out of range: rnr_retry {} (0..=7), retry_cnt {} (0..=7), max_rd_atomic {} (1..={MAX_RD_ATOMIC})",
-                attr.rnr_retry, attr.retry_cnt, attr.max_rd_atomic
-            )));
-        }
+        check_conn_attr(attr)?;
         let (sa, sb) = (self.slot_of(a)?, self.slot_of(b)?);
         if sa == sb {
             return Err(Error::invalid("a QP cannot be connected to itself"));
@@ -330,13 +325,39 @@ impl Model {
         Ok(())
     }
 
+    /// Connects one QP to the QP numbered `dest_qpn` (which need not exist yet, nor be connected back), as
+    /// `ibv_modify_qp` to RTR with `dest_qp_num` does on one side: its requests go to that number from now on,
+    /// and it accepts requests from that number only. Until the peer is connected back, the peer drops them and
+    /// this QP retransmits, as a real RC QP whose peer is not yet in RTR.
+    pub(crate) fn connect_to(&mut self, qp: *mut ibv_qp, dest_qpn: u32, attr: &SimConnAttr) -> Result<()> {
+        check_conn_attr(attr)?;
+        let slot = self.slot_of(qp)?;
+        let now = self.now;
+        let q = self.qps[slot].as_mut().expect("no QP is taken out between calls");
+        if q.state == QpState::Err {
+            return Err(Error::invalid(format!("qp {:#x} is in the error state", q.qpn)));
+        }
+        if q.peer.is_some_and(|p| p != dest_qpn) {
+            return Err(Error::invalid(format!("qp {:#x} is already connected to qp {:#x}", q.qpn, q.peer.unwrap_or(0))));
+        }
+        q.peer = Some(dest_qpn);
+        q.conn = *attr;
+        if q.state != QpState::Rts {
+            q.state = QpState::Rts;
+            q.last_progress = now;
+            q.set_obj_state(ibv_qp_state::IBV_QPS_RTS);
+        }
+        Ok(())
+    }
+
     pub(crate) fn set_error(&mut self, qp: *mut ibv_qp) -> Result<()> {
         self.with_qp(qp, |m, q| m.enter_error(q))
     }
 
     pub(crate) fn destroy_qp(&mut self, qp: *mut ibv_qp) -> Result<()> {
         let slot = self.slot_of(qp)?;
-        let q = self.qps[slot].take().expect("no QP is taken out between calls");
+        let mut q = self.qps[slot].take().expect("no QP is taken out between calls");
+        self.flush_ack(&mut q);
         self.qp_by_ptr.remove(&key(qp));
         self.qp_by_num.remove(&q.qpn);
         self.active.remove(&slot);
@@ -366,4 +387,14 @@ impl Model {
         drop(q);
         Ok(())
     }
+}
+
+fn check_conn_attr(attr: &SimConnAttr) -> Result<()> {
+    if attr.rnr_retry > 7 || attr.retry_cnt > 7 || !(1..=MAX_RD_ATOMIC).contains(&attr.max_rd_atomic) {
+        return Err(Error::invalid(format!(
+            "connection attributes out of range: rnr_retry {} (0..=7), retry_cnt {} (0..=7), max_rd_atomic {} (1..={MAX_RD_ATOMIC})",
+            attr.rnr_retry, attr.retry_cnt, attr.max_rd_atomic
+        )));
+    }
+    Ok(())
 }

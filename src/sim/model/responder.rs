@@ -59,6 +59,17 @@ impl Model {
         }
     }
 
+    /// Sends the QP's coalesced ACK now, if one is due: a QP being destroyed acknowledges what it executed
+    /// first, as an HCA's responder does before the receive completions it wrote can reach the program that
+    /// then destroys the QP.
+    pub(super) fn flush_ack(&mut self, q: &mut QpModel) {
+        if q.state == QpState::Rts && q.ack_due.take().is_some() {
+            if let Some(peer) = q.peer {
+                self.respond(q, peer, q.ack_psn, Response::Ack);
+            }
+        }
+    }
+
     pub(super) fn responder_rx(&mut self, q: &mut QpModel, src: u32, psn: u64, r: Request) {
         if q.state != QpState::Rts || q.peer != Some(src) {
             return; // a QP not ready to receive silently drops
@@ -153,9 +164,9 @@ impl Model {
             return None;
         }
         let mut data = vec![0u8; r.len as usize];
-        // SAFETY: `remote_ok` proved the range lies in a valid MR registered for remote read, which its
-        // registrant keeps readable while registered; `data` holds `len` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(r.remote_addr as *const u8, data.as_mut_ptr(), data.len()) };
+        if !self.mr_read(r.rkey, r.remote_addr, &mut data) {
+            return None;
+        }
         self.stats.bytes_read += r.len;
         Some(Response::ReadData(data))
     }
@@ -210,9 +221,9 @@ impl Model {
                     if !self.remote_ok(r.rkey, r.remote_addr, r.len, REMOTE_WRITE) {
                         return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
                     }
-                    // SAFETY: `remote_ok` proved the range lies in a valid MR registered for remote write, which
-                    // its registrant keeps writable while registered; `data` holds `len` bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(r.data.as_ptr(), r.remote_addr as *mut u8, r.data.len()) };
+                    if !self.mr_write(r.rkey, r.remote_addr, &r.data) {
+                        return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+                    }
                     self.stats.bytes_written += r.len;
                 }
                 if r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
@@ -237,11 +248,12 @@ impl Model {
                 if !self.remote_ok(r.rkey, r.remote_addr, 8, REMOTE_ATOMIC) {
                     return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
                 }
-                let p = r.remote_addr as *mut u64;
-                // SAFETY: `remote_ok` proved the 8 bytes lie in a valid MR registered for remote atomics (which
-                // implies local write), kept valid by its registrant; the address is 8-byte aligned (checked
-                // at post time).
-                let old = unsafe { p.read() };
+                let mut word = [0u8; 8];
+                if !self.mr_read(r.rkey, r.remote_addr, &mut word) {
+                    return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+                }
+                // Atomics operate on the target's native 64-bit word (the host's byte order here).
+                let old = u64::from_ne_bytes(word);
                 let new = if r.opcode == IBV_WR_ATOMIC_CMP_AND_SWP {
                     if old == r.compare_add {
                         r.swap
@@ -251,8 +263,9 @@ impl Model {
                 } else {
                     old.wrapping_add(r.compare_add)
                 };
-                // SAFETY: as above.
-                unsafe { p.write(new) };
+                if !self.mr_write(r.rkey, r.remote_addr, &new.to_ne_bytes()) {
+                    return Outcome::Nak(ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+                }
                 Outcome::Respond(Response::AtomicData(old))
             }
             _ => Outcome::Nak(ibv_wc_status::IBV_WC_REM_INV_REQ_ERR),

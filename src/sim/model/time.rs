@@ -51,6 +51,11 @@ impl Model {
         q.state == QpState::Rts && (q.next_complete < q.posted || q.ack_due.is_some())
     }
 
+    /// Whether a step could change anything: a packet on the wire, a QP with work, or a fault still to fire.
+    pub(crate) fn in_flight(&self) -> bool {
+        !self.idle() || !self.fatal_at.is_empty()
+    }
+
     fn idle(&self) -> bool {
         self.wire.is_empty() && self.active.iter().all(|&s| self.qps[s].as_ref().is_none_or(|q| !Self::busy(q)))
     }
