@@ -48,6 +48,8 @@ pub struct Client {
     pub qps: HashMap<u64, Qp>,
     pub srqs: HashMap<u64, *mut ibv_srq>,
     pub channels: HashMap<u64, Channel>,
+    pub cm_channels: HashMap<u64, crate::cm::CmChannel>,
+    pub next_cm_channel: u64,
 }
 
 impl Client {
@@ -64,6 +66,8 @@ impl Client {
             qps: HashMap::new(),
             srqs: HashMap::new(),
             channels: HashMap::new(),
+            cm_channels: HashMap::new(),
+            next_cm_channel: 0,
         }
     }
 
@@ -78,7 +82,9 @@ impl Client {
     }
 
     pub fn has_pending_events(&self) -> bool {
-        !self.async_pending.is_empty() || self.channels.values().any(|c| !c.pending.is_empty())
+        !self.async_pending.is_empty()
+            || self.channels.values().any(|c| !c.pending.is_empty())
+            || self.cm_channels.values().any(|c| !c.pending.is_empty())
     }
 
     pub fn queue_channel_event(&mut self, channel: *mut ibv_comp_channel, rec: EventRecord) {
@@ -100,6 +106,9 @@ impl Client {
         if let Some(tx) = &self.async_tx {
             flush(tx, &mut self.async_pending);
         }
+        for c in self.cm_channels.values_mut() {
+            flush_messages(&c.tx, &mut c.pending);
+        }
         Ok(())
     }
 }
@@ -119,8 +128,24 @@ fn flush(tx: &OwnedFd, pending: &mut VecDeque<[u8; EventRecord::SIZE]>) {
     }
 }
 
+fn flush_messages(tx: &OwnedFd, pending: &mut VecDeque<Vec<u8>>) {
+    while let Some(msg) = pending.front() {
+        match sys::send_record(tx, msg) {
+            Ok(true) => {
+                pending.pop_front();
+            }
+            Ok(false) => return,
+            Err(_) => {
+                pending.clear();
+                return;
+            }
+        }
+    }
+}
+
 /// Destroys every object of a client, QPs first, and stops touching its memory.
 pub fn destroy_all(server: &mut Server, token: u64) {
+    server.cm_drop_client(token);
     let client = server.client(token);
     client.memory.forget();
     let qps: Vec<*mut ibv_qp> = client.qps.drain().map(|(_, q)| q.obj).collect();
@@ -132,6 +157,7 @@ pub fn destroy_all(server: &mut Server, token: u64) {
         // SAFETY: a live QP of the device, made for this client.
         let qpn = unsafe { (*qp).qp_num };
         server.owners.remove(&(qp as usize));
+        server.cm_forget_qp(qp);
         let _ = qpn;
         if let Err(e) = server.dev.destroy_qp(qp) {
             eprintln!("sqdisc-sim: cleanup: destroy qp: {e}");

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod client;
+mod cm;
 mod control;
 mod memory;
 mod requests;

@@ -187,6 +187,7 @@ impl Server {
                 }
                 self.client(token).qps.remove(&qp);
                 self.owners.remove(&(obj as usize));
+                self.cm_forget_qp(obj);
                 done()
             }
             Request::PostSend { qp, wrs } => {
@@ -205,6 +206,21 @@ impl Server {
                     unsafe { ((*(*obj).context).ops.post_recv.expect("the sim has post_recv"))(obj, wr, bad) }
                 })
             }
+            Request::CmCreateChannel => self.cm_create_channel(token),
+            Request::CmDestroyChannel { channel } => self.cm_destroy_channel(token, channel),
+            Request::CmCreateId { channel, port_space, cookie } => self.cm_create_id(token, channel, port_space, cookie),
+            Request::CmDestroyId { id } => self.cm_destroy_id(token, id),
+            Request::CmMigrateId { id, channel } => self.cm_migrate(token, id, channel),
+            Request::CmBind { id, addr } => self.cm_bind(token, id, addr),
+            Request::CmListen { id, .. } => self.cm_listen(token, id),
+            Request::CmResolveAddr { id, src, dst } => self.cm_resolve_addr(token, id, src, dst),
+            Request::CmResolveRoute { id } => self.cm_resolve_route(token, id),
+            Request::CmSetQp { id, qp } => self.cm_set_qp(token, id, qp),
+            Request::CmConnect { id, param } => self.cm_connect(token, id, param),
+            Request::CmAccept { id, param } => self.cm_accept(token, id, param),
+            Request::CmReject { id, private_data } => self.cm_reject(token, id, private_data),
+            Request::CmEstablish { id } => self.cm_establish(token, id),
+            Request::CmDisconnect { id } => self.cm_disconnect(token, id),
             Request::Hello { .. } | Request::Status | Request::Report | Request::Shutdown => {
                 unreachable!("answered by the server loop")
             }

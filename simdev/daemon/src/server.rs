@@ -31,7 +31,7 @@ const MODEL_ASYNC: u64 = 1;
 /// Tokens of client sockets and channel descriptors start here.
 const FIRST_TOKEN: u64 = 16;
 /// How long after the last poll the loop starts stepping by itself.
-const POLL_QUIET: Duration = Duration::from_millis(1);
+const POLL_QUIET: Duration = Duration::from_micros(50);
 
 /// What an epoll token names.
 enum Target {
@@ -55,6 +55,8 @@ pub struct Server {
     violations: Vec<ViolationInfo>,
     /// QP number to (pid, program), for the violation log.
     pub(crate) qp_owner: HashMap<u32, (u32, String)>,
+    /// The connection manager's identifiers.
+    pub(crate) cm: crate::cm::Cm,
     last_step: Instant,
     last_poll: Instant,
     shutdown: bool,
@@ -79,6 +81,7 @@ impl Server {
             owners: HashMap::new(),
             violations: Vec::new(),
             qp_owner: HashMap::new(),
+            cm: Default::default(),
             last_step: Instant::now(),
             last_poll: Instant::now(),
             shutdown: false,
@@ -255,6 +258,10 @@ impl Server {
 
     pub(crate) fn client(&mut self, token: u64) -> &mut Client {
         self.clients.get_mut(&token).expect("a live client")
+    }
+
+    pub(crate) fn client_opt(&mut self, token: u64) -> Option<&mut Client> {
+        self.clients.get_mut(&token)
     }
 
     /// Drops a client: every object it made is destroyed, QPs first (their peers then time out, as a real

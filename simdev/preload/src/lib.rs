@@ -14,6 +14,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod conn;
+mod cm;
 mod context;
 mod datapath;
 mod events;

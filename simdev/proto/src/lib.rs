@@ -23,7 +23,7 @@ pub use path::{socket_path, PRELOAD_ENV, SOCKET_ENV};
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a message changes shape; a daemon refuses a client of another version.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The most CQEs one `PollCq` returns.
 pub const MAX_POLL: u32 = 1024;
@@ -141,6 +141,29 @@ pub enum Request {
     DestroyQp { qp: u64 },
     PostSend { qp: u64, wrs: Vec<SendWr> },
     PostRecv { qp: u64, wrs: Vec<RecvWr> },
+    /// librdmacm: a channel of connection events; the client's end of its socket comes with the reply, and
+    /// carries [`CmEvent`]s.
+    CmCreateChannel,
+    CmDestroyChannel { channel: u64 },
+    /// A connection identifier; `cookie` is the client's `struct rdma_cm_id`, given back in its events.
+    CmCreateId { channel: u64, port_space: u32, cookie: u64 },
+    CmDestroyId { id: u64 },
+    CmMigrateId { id: u64, channel: u64 },
+    /// Binds to a local address (port 0: one is chosen); the answer is the address bound.
+    CmBind { id: u64, addr: CmAddr },
+    CmListen { id: u64, backlog: i32 },
+    /// Resolves `dst` (a local address of this machine) from `src` (or from the address the id is bound to);
+    /// the answer carries the source address and an ADDR_RESOLVED (or ADDR_ERROR) event follows.
+    CmResolveAddr { id: u64, src: Option<CmAddr>, dst: CmAddr },
+    CmResolveRoute { id: u64 },
+    /// Associates the id with a QP the client made on this connection (`rdma_create_qp`), or none.
+    CmSetQp { id: u64, qp: Option<u64> },
+    CmConnect { id: u64, param: CmParam },
+    CmAccept { id: u64, param: CmParam },
+    CmReject { id: u64, private_data: Vec<u8> },
+    /// The active side of a connection whose QP the program moves itself: RTU, both sides established.
+    CmEstablish { id: u64 },
+    CmDisconnect { id: u64 },
     /// `sqdisc-sim status`: the daemon's state.
     Status,
     /// `sqdisc-sim report`: the violation log.
@@ -193,6 +216,9 @@ pub enum Reply {
     /// A post stopped early: `errno` for the WR at `index` (the ones before it are posted); 0 when all were.
     Posted { errno: i32, index: u32 },
     Status { daemon_pid: u32, settings: DeviceSettings, steps: u64, clients: Vec<ClientInfo>, violations: u64 },
+    CmChannel { channel: u64 },
+    CmId { id: u64 },
+    CmAddress { addr: CmAddr },
     Report { violations: Vec<ViolationInfo> },
 }
 
@@ -220,3 +246,48 @@ pub const EVENT_ASYNC_CQ: u32 = 2;
 pub const EVENT_ASYNC_QP: u32 = 3;
 pub const EVENT_ASYNC_SRQ: u32 = 4;
 pub const EVENT_ASYNC_PORT: u32 = 5;
+
+/// A socket address of the connection manager: IPv4 or IPv6, in network byte order as `sockaddr_in(6)` has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CmAddr {
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u16,
+    /// The port, in host byte order.
+    pub port: u16,
+    /// The address: the first 4 bytes for IPv4.
+    pub ip: [u8; 16],
+    pub scope_id: u32,
+}
+
+/// `struct rdma_conn_param` without its pointer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmParam {
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// One connection event (`struct rdma_cm_event`), sent on a CM channel's socket as one message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEvent {
+    /// `enum rdma_cm_event_type`.
+    pub event: u32,
+    pub status: i32,
+    /// The daemon's id the event is for: a new one for CONNECT_REQUEST.
+    pub id: u64,
+    /// The client's cookie of that id; 0 for a new id (CONNECT_REQUEST).
+    pub cookie: u64,
+    /// CONNECT_REQUEST: the daemon's id of the listening identifier.
+    pub listen_id: u64,
+    pub param: CmParam,
+    /// CONNECT_REQUEST: the new id's local and remote addresses.
+    pub src: Option<CmAddr>,
+    pub dst: Option<CmAddr>,
+    /// ESTABLISHED and CONNECT_RESPONSE: the QP number of the other side.
+    pub remote_qp_num: u32,
+}
