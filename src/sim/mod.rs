@@ -724,6 +724,29 @@ impl SimDevice {
         self.model.lock().run_until_idle(u64::from(max_steps))
     }
 
+    /// Polls a CQ as `ibv_poll_cq` does (`steps_per_poll` steps first), handing each CQE to `out` with, for a
+    /// send completion, the count of its QP's send slots now free (every slot below it; the device daemon's
+    /// clients keep a copy of that count so that they can tell at post time, without asking, that a post
+    /// fits). Returns how many CQEs were taken.
+    pub fn poll_cq_slots(&self, cq: *mut ibv_cq, max: usize, out: impl FnMut(usize, rdma_sys::ibv_wc, Option<u64>)) -> Result<usize> {
+        let mut model = self.model.lock();
+        if !model.owns_cq(cq) {
+            return Err(Error::invalid(format!("cq {cq:p} is not a live CQ of this sim device")));
+        }
+        Ok(model.poll_slots(cq, max, out))
+    }
+
+    /// Hands each CQ that got a CQE since the last call to `f`, with the number of CQEs it holds now (the device
+    /// daemon publishes it to the CQ's owner, who then polls only a CQ that holds something).
+    pub fn take_cq_changes(&self, f: impl FnMut(*mut ibv_cq, usize)) {
+        self.model.lock().take_cq_changes(f)
+    }
+
+    /// The number of CQEs a CQ holds; `None` for a CQ not of this device.
+    pub fn cq_queued(&self, cq: *mut ibv_cq) -> Option<usize> {
+        self.model.lock().cq_queued(cq)
+    }
+
     /// Whether anything is in flight: a WQE waiting to be transmitted or acknowledged, a packet on the wire, an
     /// ACK pending. Steps change nothing while it is false.
     pub fn busy(&self) -> bool {

@@ -27,6 +27,12 @@ pub struct Channel {
     pub pending: VecDeque<[u8; EventRecord::SIZE]>,
 }
 
+pub struct Cq {
+    pub obj: *mut ibv_cq,
+    /// How many CQEs it holds, shared with the client, which polls only when it is not 0.
+    pub queued: sqdisc_sim_proto::SharedCounter,
+}
+
 pub struct Qp {
     pub obj: *mut ibv_qp,
     /// `enum ibv_qp_state` as the client last moved it.
@@ -44,7 +50,7 @@ pub struct Client {
     pub async_tx: Option<OwnedFd>,
     pub async_pending: VecDeque<[u8; EventRecord::SIZE]>,
     pub mrs: HashMap<u64, *mut ibv_mr>,
-    pub cqs: HashMap<u64, *mut ibv_cq>,
+    pub cqs: HashMap<u64, Cq>,
     pub qps: HashMap<u64, Qp>,
     pub srqs: HashMap<u64, *mut ibv_srq>,
     pub channels: HashMap<u64, Channel>,
@@ -150,7 +156,7 @@ pub fn destroy_all(server: &mut Server, token: u64) {
     client.memory.forget();
     let qps: Vec<*mut ibv_qp> = client.qps.drain().map(|(_, q)| q.obj).collect();
     let srqs: Vec<*mut ibv_srq> = client.srqs.drain().map(|(_, s)| s).collect();
-    let cqs: Vec<*mut ibv_cq> = client.cqs.drain().map(|(_, c)| c).collect();
+    let cqs: Vec<*mut ibv_cq> = client.cqs.drain().map(|(_, c)| c.obj).collect();
     let channels: Vec<Channel> = client.channels.drain().map(|(_, c)| c).collect();
     let mrs: Vec<*mut ibv_mr> = client.mrs.drain().map(|(_, m)| m).collect();
     for qp in qps {

@@ -210,10 +210,13 @@ pub fn stop(socket: &Path) -> Result<ExitCode> {
 pub fn status(socket: &Path) -> Result<ExitCode> {
     let mut c = connect(socket)?;
     match c.ask(&Request::Status).map_err(|e| e.to_string())? {
-        Reply::Status { daemon_pid, settings, steps, clients, violations } => {
+        Reply::Status { daemon_pid, settings, steps, clients, violations, async_refusals } => {
             println!("daemon pid {daemon_pid} on {}", socket.display());
             println!("settings: {settings:?}");
             println!("step {steps}, {violations} violation(s) logged");
+            if async_refusals > 0 {
+                println!("{async_refusals} post(s) a client found certain to fit were refused by the model (see the daemon log)");
+            }
             // This command is one of the clients; it is not listed.
             let others: Vec<_> = clients.iter().filter(|c| c.program != "sqdisc-sim").collect();
             println!("{} client process(es)", others.len());

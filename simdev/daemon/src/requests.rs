@@ -7,9 +7,9 @@ use rdma_sys::{
     ibv_cq, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc,
 };
 use sqdisc::sim::SimConnAttr;
-use sqdisc_sim_proto::{QpCaps, QpTransition, RecvWr, Reply, Request, SendWr, Wc, MAX_POLL};
+use sqdisc_sim_proto::{QpCaps, QpTransition, RecvWr, Reply, Request, SendWr, SharedCounter, Wc, MAX_POLL};
 
-use crate::client::{Channel, Owner, Qp};
+use crate::client::{Channel, Cq, Owner, Qp};
 use crate::memory::RegionMemory;
 use crate::server::Server;
 use crate::sys;
@@ -71,18 +71,26 @@ impl Server {
                         None => return no_such("completion channel", id),
                     },
                 };
+                let queued = match SharedCounter::create() {
+                    Ok(q) => q,
+                    Err(e) => return (Reply::error(e.raw_os_error().unwrap_or(libc::ENOMEM), format!("no shared page for the CQ: {e}")), None),
+                };
+                let shared = match queued.share() {
+                    Ok(fd) => fd,
+                    Err(e) => return (Reply::error(e.raw_os_error().unwrap_or(libc::EMFILE), format!("cannot share the CQ's page: {e}")), None),
+                };
                 match self.dev.create_cq_ex(cqe, ch, cookie as *mut libc::c_void, comp_vector) {
                     Ok(cq) => {
-                        self.client(token).cqs.insert(cq as u64, cq);
+                        self.client(token).cqs.insert(cq as u64, Cq { obj: cq, queued });
                         self.owners.insert(cq as usize, Owner { client: token, cookie });
                         // SAFETY: a live CQ the device just made.
-                        (Reply::Cq { cq: cq as u64, cqe: unsafe { (*cq).cqe } }, None)
+                        (Reply::Cq { cq: cq as u64, cqe: unsafe { (*cq).cqe } }, Some(shared))
                     }
                     Err(e) => failed(e),
                 }
             }
             Request::ResizeCq { cq, cqe } => {
-                let Some(&obj) = self.client(token).cqs.get(&cq) else { return no_such("CQ", cq) };
+                let Some(obj) = self.client(token).cqs.get(&cq).map(|c| c.obj) else { return no_such("CQ", cq) };
                 match self.dev.resize_cq(obj, cqe) {
                     // SAFETY: a live CQ of this client.
                     Ok(()) => (Reply::Cq { cq, cqe: unsafe { (*obj).cqe } }, None),
@@ -90,7 +98,7 @@ impl Server {
                 }
             }
             Request::DestroyCq { cq } => {
-                let Some(&obj) = self.client(token).cqs.get(&cq) else { return no_such("CQ", cq) };
+                let Some(obj) = self.client(token).cqs.get(&cq).map(|c| c.obj) else { return no_such("CQ", cq) };
                 if let Err(e) = self.dev.destroy_cq(obj) {
                     return failed(e);
                 }
@@ -99,11 +107,16 @@ impl Server {
                 done()
             }
             Request::PollCq { cq, max } => {
-                let Some(&obj) = self.client(token).cqs.get(&cq) else { return no_such("CQ", cq) };
-                self.poll(obj, max.min(MAX_POLL))
+                let Some(obj) = self.client(token).cqs.get(&cq).map(|c| c.obj) else { return no_such("CQ", cq) };
+                let answer = self.poll(obj, max.min(MAX_POLL));
+                let left = self.dev.cq_queued(obj).unwrap_or(0);
+                if let Some(c) = self.client(token).cqs.get(&cq) {
+                    c.queued.set(left as u64);
+                }
+                answer
             }
             Request::ReqNotifyCq { cq, solicited_only } => {
-                let Some(&obj) = self.client(token).cqs.get(&cq) else { return no_such("CQ", cq) };
+                let Some(obj) = self.client(token).cqs.get(&cq).map(|c| c.obj) else { return no_such("CQ", cq) };
                 // SAFETY: a live CQ of the device; the op is the device's own `req_notify_cq`.
                 let rc = unsafe {
                     let f = (*(*obj).context).ops.req_notify_cq.expect("the sim has req_notify_cq");
@@ -198,6 +211,18 @@ impl Server {
                     unsafe { ((*(*obj).context).ops.post_send.expect("the sim has post_send"))(obj, wr, bad) }
                 })
             }
+            Request::PostSendAsync { qp, wrs } => {
+                let answer = self.handle(token, Request::PostSend { qp, wrs });
+                self.check_async(token, "send", answer)
+            }
+            Request::PostRecvAsync { qp, wrs } => {
+                let answer = self.handle(token, Request::PostRecv { qp, wrs });
+                self.check_async(token, "receive", answer)
+            }
+            Request::PostSrqRecvAsync { srq, wrs } => {
+                let answer = self.handle(token, Request::PostSrqRecv { srq, wrs });
+                self.check_async(token, "SRQ receive", answer)
+            }
             Request::PostRecv { qp, wrs } => {
                 let Some(q) = self.client(token).qps.get(&qp) else { return no_such("QP", qp) };
                 let obj = q.obj;
@@ -227,6 +252,20 @@ impl Server {
         }
     }
 
+    /// An asynchronous post the model refused: the client's checks said it fits, so they disagree with the
+    /// model. Logged and counted (`status`), never silent.
+    fn check_async(&mut self, token: u64, what: &str, answer: Answer) -> Answer {
+        match answer.0 {
+            Reply::Posted { errno: 0, .. } => {}
+            other => {
+                self.async_refusals += 1;
+                let pid = self.client(token).pid;
+                eprintln!("sqdisc-sim: pid {pid}: a {what} post its client found certain to fit was refused: {other:?}");
+            }
+        }
+        (Reply::Done, None)
+    }
+
     fn create_channel(&mut self, token: u64) -> Answer {
         let (ours, theirs) = match sys::event_pair() {
             Ok(p) => p,
@@ -254,8 +293,8 @@ impl Server {
             return (Reply::error(libc::EOPNOTSUPP, format!("qp_type {qp_type} is not supported: the sim models RC QPs only")), None);
         }
         let client = self.client(token);
-        let Some(&scq) = client.cqs.get(&send_cq) else { return no_such("CQ", send_cq) };
-        let Some(&rcq) = client.cqs.get(&recv_cq) else { return no_such("CQ", recv_cq) };
+        let Some(scq) = client.cqs.get(&send_cq).map(|c| c.obj) else { return no_such("CQ", send_cq) };
+        let Some(rcq) = client.cqs.get(&recv_cq).map(|c| c.obj) else { return no_such("CQ", recv_cq) };
         let srq_obj: *mut ibv_srq = match srq {
             None => std::ptr::null_mut(),
             Some(id) => match client.srqs.get(&id) {
@@ -334,17 +373,15 @@ impl Server {
     }
 
     fn poll(&mut self, cq: *mut ibv_cq, max: u32) -> Answer {
-        // SAFETY: plain data; zero is valid.
-        let mut wcs: Vec<ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
-        // SAFETY: a live CQ of the device; `wcs` holds `max` entries; the op is the device's own `poll_cq`.
-        let n = unsafe { ((*(*cq).context).ops.poll_cq.expect("the sim has poll_cq"))(cq, max as i32, wcs.as_mut_ptr()) };
+        let mut polled: Vec<(ibv_wc, Option<u64>)> = Vec::new();
+        let result = self.dev.poll_cq_slots(cq, max as usize, |_, wc, freed| polled.push((wc, freed)));
         self.stepped();
-        if n < 0 {
-            return (Reply::error(-n, "ibv_poll_cq failed"), None);
+        if let Err(e) = result {
+            return failed(e);
         }
-        let wcs = wcs[..n as usize]
+        let wcs = polled
             .iter()
-            .map(|w| Wc {
+            .map(|(w, freed)| Wc {
                 wr_id: w.wr_id,
                 status: w.status,
                 opcode: w.opcode,
@@ -359,6 +396,7 @@ impl Server {
                 slid: w.slid,
                 sl: w.sl,
                 dlid_path_bits: w.dlid_path_bits,
+                sq_freed: *freed,
             })
             .collect();
         (Reply::Polled { wcs }, None)

@@ -5,10 +5,10 @@
 //! raises to the clients whose objects they concern. The model is only ever touched from this thread, between
 //! messages, so every client sees the RC rules the in-process sim keeps: one SQ's completions in post order.
 //!
-//! Time: a client's `ibv_poll_cq` runs `steps_per_poll` steps first, as in process, so programs that poll drive
-//! the clock. While anything is in flight and no program has polled for `POLL_QUIET`, the loop runs one step
-//! every `tick` of wall time itself, so one-sided operations progress and events fire while every client sleeps
-//! (in `ibv_get_cq_event`, say).
+//! Time: while anything is in flight the loop runs one step every `tick` of wall time, so one-sided operations
+//! progress and events fire whatever the programs do; a poll that reaches the daemon runs `steps_per_poll`
+//! steps first besides, as in process. A client polls only a CQ that holds something (a counter in shared
+//! memory says so), so busy polling of an empty CQ costs the daemon nothing.
 
 use std::collections::HashMap;
 use std::io;
@@ -30,8 +30,6 @@ const LISTENER: u64 = 0;
 const MODEL_ASYNC: u64 = 1;
 /// Tokens of client sockets and channel descriptors start here.
 const FIRST_TOKEN: u64 = 16;
-/// How long after the last poll the loop starts stepping by itself.
-const POLL_QUIET: Duration = Duration::from_micros(50);
 
 /// What an epoll token names.
 enum Target {
@@ -58,7 +56,8 @@ pub struct Server {
     /// The connection manager's identifiers.
     pub(crate) cm: crate::cm::Cm,
     last_step: Instant,
-    last_poll: Instant,
+    /// Asynchronous posts the model refused (a disagreement between a client's checks and the model).
+    pub(crate) async_refusals: u64,
     shutdown: bool,
     uid: libc::uid_t,
     buf: Vec<u8>,
@@ -83,7 +82,7 @@ impl Server {
             qp_owner: HashMap::new(),
             cm: Default::default(),
             last_step: Instant::now(),
-            last_poll: Instant::now(),
+            async_refusals: 0,
             shutdown: false,
             // SAFETY: geteuid cannot fail.
             uid: unsafe { libc::geteuid() },
@@ -103,10 +102,7 @@ impl Server {
         while !self.shutdown && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let busy = self.dev.busy();
             let pending = self.clients.values().any(Client::has_pending_events);
-            let since_poll = self.last_poll.elapsed();
-            let timeout = if busy && since_poll < POLL_QUIET {
-                Some(POLL_QUIET - since_poll)
-            } else if busy {
+            let timeout = if busy {
                 Some(self.tick.saturating_sub(self.last_step.elapsed()))
             } else if pending {
                 Some(Duration::from_millis(1))
@@ -124,7 +120,7 @@ impl Server {
                     },
                 }
             }
-            if self.dev.busy() && self.last_poll.elapsed() >= POLL_QUIET && self.last_step.elapsed() >= self.tick {
+            if self.dev.busy() && self.last_step.elapsed() >= self.tick {
                 self.dev.step(1);
                 self.last_step = Instant::now();
             }
@@ -219,6 +215,10 @@ impl Server {
                     self.shutdown = true;
                     (Reply::Done, None)
                 }
+                (true, request) if !request.answered() => {
+                    self.handle(token, request);
+                    continue;
+                }
                 (true, request) => self.handle(token, request),
             };
             let sent = send_message(fd, &encode(&reply), fd_out.as_ref().map(AsRawFd::as_raw_fd));
@@ -278,8 +278,21 @@ impl Server {
         self.clients.remove(&token);
     }
 
+    /// Publishes how many CQEs each CQ that got one holds now, in the counter its owner reads before polling.
+    fn publish_cqs(&mut self) {
+        let mut changed = Vec::new();
+        self.dev.take_cq_changes(|cq, n| changed.push((cq, n)));
+        for (cq, n) in changed {
+            let Some(client) = self.owners.get(&(cq as usize)).map(|o| o.client) else { continue };
+            if let Some(c) = self.clients.get(&client).and_then(|c| c.cqs.get(&(cq as u64))) {
+                c.queued.set(n as u64);
+            }
+        }
+    }
+
     /// Sends each client the completion and asynchronous events the model has for its objects.
     fn forward_events(&mut self) {
+        self.publish_cqs();
         let channels: Vec<(u64, *mut ibv_comp_channel)> = self
             .targets
             .values()
@@ -342,13 +355,12 @@ impl Server {
             steps: self.dev.now(),
             clients,
             violations: self.violations.len() as u64,
+            async_refusals: self.async_refusals,
         }
     }
 
     /// The time of the last step, for requests that step the model (polls).
     pub(crate) fn stepped(&mut self) {
-        let now = Instant::now();
-        self.last_step = now;
-        self.last_poll = now;
+        self.last_step = Instant::now();
     }
 }

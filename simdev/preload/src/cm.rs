@@ -521,6 +521,7 @@ unsafe fn mark_rts(qp: *mut ibv_qp, dest: u32) {
     let mut a = q.attr.lock().unwrap_or_else(|p| p.into_inner());
     a.qp_state = ibv_qp_state::IBV_QPS_RTS;
     a.dest_qp_num = dest;
+    q.mirror.lock().unwrap_or_else(|p| p.into_inner()).connected = true;
 }
 
 #[no_mangle]

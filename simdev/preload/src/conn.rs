@@ -121,6 +121,19 @@ impl Conn {
         }
     }
 
+    /// Sends a request the daemon does not answer (an asynchronous post).
+    pub fn tell(&self, request: &Request) -> Result<()> {
+        if self.is_dead() {
+            return Err(Failure::new(libc::EIO, "the sqdisc-sim daemon has gone"));
+        }
+        let bytes = encode(request);
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        send_message(inner.sock.as_raw_fd(), &bytes, None).map_err(|e| {
+            self.dead.store(true, Ordering::Relaxed);
+            Failure::new(libc::EIO, format!("the sqdisc-sim daemon cannot be reached: {e}"))
+        })
+    }
+
     pub fn ask(&self, request: &Request) -> Result<Reply> {
         self.ask_fd(request).map(|(r, _)| r)
     }

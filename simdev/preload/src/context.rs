@@ -29,6 +29,8 @@ pub struct Context {
     pub async_fd: OwnedFd,
     /// `IBV_EVENT_DEVICE_FATAL` was handed out after the daemon went.
     pub fatal_reported: AtomicBool,
+    /// The context's QPs by number: a polled completion names its QP by number.
+    pub qps_by_num: Mutex<std::collections::HashMap<u32, usize>>,
 }
 
 /// Live contexts by address: control calls check a context is one of ours before they follow it.
@@ -176,7 +178,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         c.abi_compat = usize::MAX as *mut libc::c_void;
         crate::datapath::install(&mut c.ops);
         crate::qp::install_extended(&mut vctx);
-        let ctx = Box::into_raw(Box::new(Context { vctx, conn, async_fd, fatal_reported: AtomicBool::new(false) }));
+        let ctx = Box::into_raw(Box::new(Context { vctx, conn, async_fd, fatal_reported: AtomicBool::new(false), qps_by_num: Mutex::new(Default::default()) }));
         live().lock().unwrap_or_else(|p| p.into_inner()).insert(ctx as usize);
         // SAFETY: just made; the box stays where it is until `ibv_close_device`.
         unsafe { std::ptr::addr_of_mut!((*ctx).vctx.context) }

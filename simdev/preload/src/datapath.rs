@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 
 use rdma_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wr_opcode};
-use sqdisc_sim_proto::{RecvWr, Reply, Request, SendWr, Sge, MAX_POLL};
+use sqdisc_sim_proto::{RecvWr, Reply, Request, SendWr, Sge, Wc, MAX_POLL};
 
 use crate::context::context_fast;
 use crate::objects::{cq_parts, Srq};
@@ -111,7 +111,29 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *m
             wrs.push(unsafe { send_wr(w, q.caps.max_send_sge, q.caps.max_inline_data) });
             cur = w.next;
         }
-        match c.conn.ask(&Request::PostSend { qp: q.id, wrs }) {
+        // Held across the request, so that the QP's posts reach the daemon in the order they are counted.
+        let mut m = q.mirror.lock().unwrap_or_else(|p| p.into_inner());
+        let n = wrs.len() as u64;
+        let room = u64::from(q.caps.max_send_wr).saturating_sub(m.posted - m.freed);
+        if m.connected && n <= room && wrs.iter().all(|w| send_fits(w, q)) {
+            return match c.conn.tell(&Request::PostSendAsync { qp: q.id, wrs }) {
+                Ok(()) => {
+                    m.posted += n;
+                    0
+                }
+                Err(f) => {
+                    report("ibv_post_send", &f);
+                    set_bad(wr);
+                    f.errno
+                }
+            };
+        }
+        let reply = c.conn.ask(&Request::PostSend { qp: q.id, wrs });
+        if let Ok(Reply::Posted { errno, index }) = &reply {
+            m.posted += if *errno == 0 { n } else { u64::from(*index) };
+        }
+        drop(m);
+        match reply {
             Ok(Reply::Posted { errno: 0, .. }) => 0,
             Ok(Reply::Posted { errno, index }) => {
                 // SAFETY: the chain walked above.
@@ -183,7 +205,26 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *m
         let (c, q) = unsafe { (qp_context(qp), qp_obj(qp)) };
         // SAFETY: the program's chain.
         let wrs = unsafe { recv_wrs(wr, q.caps.max_recv_sge) };
-        posted("ibv_post_recv", c.conn.ask(&Request::PostRecv { qp: q.id, wrs }), wr, bad_wr)
+        // SAFETY: as above.
+        let on_srq = unsafe { !(*qp).srq.is_null() };
+        let mut m = q.mirror.lock().unwrap_or_else(|p| p.into_inner());
+        let n = wrs.len() as u64;
+        let room = u64::from(q.caps.max_recv_wr).saturating_sub(m.recv_posted - m.recv_polled);
+        if !on_srq && n <= room && wrs.iter().all(|w| recv_fits(w, q.caps.max_recv_sge)) {
+            return match c.conn.tell(&Request::PostRecvAsync { qp: q.id, wrs }) {
+                Ok(()) => {
+                    m.recv_posted += n;
+                    0
+                }
+                Err(f) => posted("ibv_post_recv", Err(f), wr, bad_wr),
+            };
+        }
+        let reply = c.conn.ask(&Request::PostRecv { qp: q.id, wrs });
+        if let Ok(Reply::Posted { errno, index }) = &reply {
+            m.recv_posted += if *errno == 0 { n } else { u64::from(*index) };
+        }
+        drop(m);
+        posted("ibv_post_recv", reply, wr, bad_wr)
     })
 }
 
@@ -193,7 +234,24 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_
         let (c, s) = unsafe { (context_fast((*srq).context), &*srq.cast::<Srq>()) };
         // SAFETY: the program's chain.
         let wrs = unsafe { recv_wrs(wr, s.max_sge) };
-        posted("ibv_post_srq_recv", c.conn.ask(&Request::PostSrqRecv { srq: s.id, wrs }), wr, bad_wr)
+        let mut m = s.mirror.lock().unwrap_or_else(|p| p.into_inner());
+        let n = wrs.len() as u64;
+        let room = u64::from(s.max_wr).saturating_sub(m.0 - m.1);
+        if n <= room && wrs.iter().all(|w| recv_fits(w, s.max_sge)) {
+            return match c.conn.tell(&Request::PostSrqRecvAsync { srq: s.id, wrs }) {
+                Ok(()) => {
+                    m.0 += n;
+                    0
+                }
+                Err(f) => posted("ibv_post_srq_recv", Err(f), wr, bad_wr),
+            };
+        }
+        let reply = c.conn.ask(&Request::PostSrqRecv { srq: s.id, wrs });
+        if let Ok(Reply::Posted { errno, index }) = &reply {
+            m.0 += if *errno == 0 { n } else { u64::from(*index) };
+        }
+        drop(m);
+        posted("ibv_post_srq_recv", reply, wr, bad_wr)
     })
 }
 
@@ -203,10 +261,16 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_w
             return -libc::EINVAL;
         }
         // SAFETY: reached through the CQ's context ops: a live CQ of this library.
-        let (c, id) = unsafe { cq_parts(cq) };
+        let (c, obj) = unsafe { cq_parts(cq) };
+        if obj.queued.as_ref().is_some_and(|q| q.get() == 0) && !c.conn.is_dead() {
+            // Nothing to take: no round trip. The daemon advances time by itself meanwhile, so let it run.
+            std::thread::yield_now();
+            return 0;
+        }
         let max = (num_entries as u32).min(MAX_POLL);
-        match c.conn.ask(&Request::PollCq { cq: id, max }) {
+        match c.conn.ask(&Request::PollCq { cq: obj.id, max }) {
             Ok(Reply::Polled { wcs }) => {
+                note_polled(c, &wcs);
                 for (i, w) in wcs.iter().enumerate().take(max as usize) {
                     // SAFETY: plain data; zero is valid.
                     let mut out: ibv_wc = unsafe { std::mem::zeroed() };
@@ -237,11 +301,73 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_w
     })
 }
 
+/// Whether a send WR certainly passes the device's checks (the model's, `post_send_on`): a WR this says no
+/// to is posted with a round trip, and the model decides.
+fn send_fits(w: &SendWr, q: &crate::qp::Qp) -> bool {
+    use ibv_wr_opcode::*;
+    let known = matches!(
+        w.opcode,
+        IBV_WR_SEND
+            | IBV_WR_SEND_WITH_IMM
+            | IBV_WR_SEND_WITH_INV
+            | IBV_WR_RDMA_WRITE
+            | IBV_WR_RDMA_WRITE_WITH_IMM
+            | IBV_WR_RDMA_READ
+            | IBV_WR_ATOMIC_CMP_AND_SWP
+            | IBV_WR_ATOMIC_FETCH_AND_ADD
+            | IBV_WR_LOCAL_INV
+    );
+    let carries_data = matches!(w.opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
+    let atomic = matches!(w.opcode, IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD);
+    let total: u64 = w.sges.iter().map(|s| u64::from(s.length)).sum();
+    let inline = w.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+    known
+        && w.num_sge >= 0
+        && w.num_sge as u32 <= q.caps.max_send_sge
+        && w.sges.len() == w.num_sge as usize
+        && !w.null_sg_list
+        && (!inline || (carries_data && total <= u64::from(q.caps.max_inline_data) && w.inline_data.is_some()))
+        && (!atomic || (total == 8 && w.remote_addr % 8 == 0))
+}
+
+fn recv_fits(w: &RecvWr, max_sge: u32) -> bool {
+    w.num_sge >= 0 && w.num_sge as u32 <= max_sge && w.sges.len() == w.num_sge as usize && !w.null_sg_list
+}
+
+/// Counts what the polled completions free in the copies of the slot counts of their QPs and SRQs.
+fn note_polled(c: &crate::context::Context, wcs: &[Wc]) {
+    if wcs.is_empty() {
+        return;
+    }
+    let qps = c.qps_by_num.lock().unwrap_or_else(|p| p.into_inner());
+    for w in wcs {
+        let Some(&ptr) = qps.get(&w.qp_num) else { continue };
+        // SAFETY: a live QP of this context (QPs leave the map before they are freed).
+        let q = unsafe { &*(ptr as *const crate::qp::Qp) };
+        match w.sq_freed {
+            Some(f) => {
+                let mut m = q.mirror.lock().unwrap_or_else(|p| p.into_inner());
+                m.freed = m.freed.max(f);
+            }
+            None => {
+                let srq = q.qpx.qp_base.srq;
+                if srq.is_null() {
+                    q.mirror.lock().unwrap_or_else(|p| p.into_inner()).recv_polled += 1;
+                } else {
+                    // SAFETY: the QP's SRQ outlives it (verbs: an SRQ is destroyed after its QPs).
+                    let s = unsafe { &*srq.cast::<Srq>() };
+                    s.mirror.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+                }
+            }
+        }
+    }
+}
+
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guarded("ibv_req_notify_cq", libc::EIO, || {
         // SAFETY: reached through the CQ's context ops: a live CQ of this library.
-        let (c, id) = unsafe { cq_parts(cq) };
-        match c.conn.ask(&Request::ReqNotifyCq { cq: id, solicited_only: solicited_only != 0 }) {
+        let (c, obj) = unsafe { cq_parts(cq) };
+        match c.conn.ask(&Request::ReqNotifyCq { cq: obj.id, solicited_only: solicited_only != 0 }) {
             Ok(_) => 0,
             Err(f) => {
                 report("ibv_req_notify_cq", &f);

@@ -25,6 +25,8 @@ pub struct Channel {
 pub struct Cq {
     pub cq: ibv_cq,
     pub id: u64,
+    /// How many CQEs the CQ holds, published by the daemon: a poll asks the daemon only when it is not 0.
+    pub queued: Option<sqdisc_sim_proto::SharedCounter>,
 }
 
 #[repr(C)]
@@ -33,6 +35,8 @@ pub struct Srq {
     pub id: u64,
     pub max_wr: u32,
     pub max_sge: u32,
+    /// Receives posted and receive completions of its QPs polled (as `qp::Mirror`).
+    pub mirror: std::sync::Mutex<(u64, u64)>,
 }
 
 /// The context of a PD, checked live.
@@ -219,11 +223,12 @@ pub unsafe extern "C" fn ibv_create_cq(ctx: *mut ibv_context, cqe: c_int, cq_con
         // SAFETY: a channel of this library or NULL (the caller's contract).
         let channel_id = (!channel.is_null()).then(|| unsafe { (*channel.cast::<Channel>()).id });
         // SAFETY: `ibv_cq` is plain data (pointers, ints, zero-initializable pthread objects): zero is valid.
-        let mut obj: Box<Cq> = Box::new(Cq { cq: unsafe { std::mem::zeroed() }, id: 0 });
+        let mut obj: Box<Cq> = Box::new(Cq { cq: unsafe { std::mem::zeroed() }, id: 0, queued: None });
         let cookie = std::ptr::addr_of_mut!(obj.cq) as u64;
-        match c.conn.ask(&Request::CreateCq { cqe, channel: channel_id, comp_vector, cookie }) {
-            Ok(Reply::Cq { cq, cqe }) => {
+        match c.conn.ask_fd(&Request::CreateCq { cqe, channel: channel_id, comp_vector, cookie }) {
+            Ok((Reply::Cq { cq, cqe }, fd)) => {
                 obj.id = cq;
+                obj.queued = fd.and_then(|fd| sqdisc_sim_proto::SharedCounter::open(fd).ok());
                 obj.cq.context = ctx;
                 obj.cq.channel = channel;
                 obj.cq.cq_context = cq_context;
@@ -234,7 +239,7 @@ pub unsafe extern "C" fn ibv_create_cq(ctx: *mut ibv_context, cqe: c_int, cq_con
                 }
                 Box::into_raw(obj).cast()
             }
-            Ok(other) => {
+            Ok((other, _)) => {
                 unexpected("ibv_create_cq", other);
                 std::ptr::null_mut()
             }
@@ -314,7 +319,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         // SAFETY: the caller's attribute struct, non-NULL.
         let a = unsafe { &mut *attr };
         // SAFETY: plain data; zero is valid.
-        let mut obj: Box<Srq> = Box::new(Srq { srq: unsafe { std::mem::zeroed() }, id: 0, max_wr: 0, max_sge: 0 });
+        let mut obj: Box<Srq> = Box::new(Srq { srq: unsafe { std::mem::zeroed() }, id: 0, max_wr: 0, max_sge: 0, mirror: Default::default() });
         let cookie = std::ptr::addr_of_mut!(obj.srq) as u64;
         let request = Request::CreateSrq { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit, cookie };
         match c.conn.ask(&request) {
@@ -422,7 +427,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 ///
 /// # Safety
 /// `cq` is a live CQ of this library.
-pub unsafe fn cq_parts<'a>(cq: *mut ibv_cq) -> (&'a Context, u64) {
+pub unsafe fn cq_parts<'a>(cq: *mut ibv_cq) -> (&'a Context, &'a Cq) {
     // SAFETY: as the caller promises.
-    unsafe { (context_fast((*cq).context), (*cq.cast::<Cq>()).id) }
+    unsafe { (context_fast((*cq).context), &*cq.cast::<Cq>()) }
 }

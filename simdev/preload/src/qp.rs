@@ -25,6 +25,22 @@ pub struct Qp {
     pub extended: bool,
     pub attr: Mutex<ibv_qp_attr>,
     pub batch: Mutex<Batch>,
+    pub mirror: Mutex<Mirror>,
+}
+
+/// This side's copy of the QP's slot counts, kept from its posts and from the slots each polled completion
+/// frees (the daemon says which), and whether the QP is connected. It is never emptier than the model's, so a
+/// post it says fits is accepted: such posts go without waiting for an answer; any other waits for the model's.
+#[derive(Default)]
+pub struct Mirror {
+    /// Send WRs accepted, and the send slots below `freed` that polled completions freed.
+    pub posted: u64,
+    pub freed: u64,
+    /// Receive WRs accepted, and receive completions polled.
+    pub recv_posted: u64,
+    pub recv_polled: u64,
+    /// Moved to RTR or beyond (connected in the model).
+    pub connected: bool,
 }
 
 #[derive(Default)]
@@ -97,6 +113,7 @@ fn create(c: &Context, init: Init) -> *mut ibv_qp {
         // SAFETY: as above.
         attr: Mutex::new(unsafe { std::mem::zeroed() }),
         batch: Mutex::new(Batch::default()),
+        mirror: Mutex::new(Mirror::default()),
     });
     let cookie = std::ptr::addr_of_mut!(obj.qpx.qp_base) as u64;
     let request = Request::CreateQp { send_cq: scq, recv_cq: rcq, srq, qp_type: init.qp_type, caps, sq_sig_all: init.sq_sig_all, cookie };
@@ -127,7 +144,9 @@ fn create(c: &Context, init: Init) -> *mut ibv_qp {
                 a.qp_state = ibv_qp_state::IBV_QPS_RESET;
                 a.cap = *cap;
             }
-            Box::into_raw(obj).cast()
+            let ptr = Box::into_raw(obj);
+            c.qps_by_num.lock().unwrap_or_else(|p| p.into_inner()).insert(qp_num, ptr as usize);
+            ptr.cast()
         }
         Ok(other) => {
             eprintln!("sqdisc-sim: ibv_create_qp: unexpected answer {other:?}");
@@ -308,6 +327,9 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             }
             // SAFETY: as above; the program reads `qp->state`.
             unsafe { (*qp).state = a.qp_state };
+            if matches!(a.qp_state, ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS) {
+                q.mirror.lock().unwrap_or_else(|p| p.into_inner()).connected = true;
+            }
         }
         *stored = next;
         0
@@ -371,9 +393,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: a QP of this library (the caller's contract); its context is checked live.
         let Some(c) = (unsafe { context((*qp).context) }) else { return libc::EINVAL };
         // SAFETY: as above.
-        let id = unsafe { qp_obj(qp) }.id;
+        let (id, qp_num) = (unsafe { qp_obj(qp) }.id, unsafe { (*qp).qp_num });
         match c.conn.ask(&Request::DestroyQp { qp: id }) {
             Ok(_) | Err(crate::conn::Failure { errno: libc::EIO, .. }) => {
+                c.qps_by_num.lock().unwrap_or_else(|p| p.into_inner()).remove(&qp_num);
                 // SAFETY: made by `Box::into_raw` in `create`; freed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
                 0

@@ -16,14 +16,16 @@
 
 mod io;
 mod path;
+mod shm;
 
 pub use io::{recv_message, send_message, EventRecord, MAX_MESSAGE};
 pub use path::{socket_path, PRELOAD_ENV, SOCKET_ENV};
+pub use shm::SharedCounter;
 
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a message changes shape; a daemon refuses a client of another version.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The most CQEs one `PollCq` returns.
 pub const MAX_POLL: u32 = 1024;
@@ -81,6 +83,8 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+    /// A send completion: its QP's send slots below this count are free now. `None` for a receive completion.
+    pub sq_freed: Option<u64>,
 }
 
 /// QP capacities (`struct ibv_qp_cap`).
@@ -141,6 +145,12 @@ pub enum Request {
     DestroyQp { qp: u64 },
     PostSend { qp: u64, wrs: Vec<SendWr> },
     PostRecv { qp: u64, wrs: Vec<RecvWr> },
+    /// Posts the client has found certain to be accepted (its copy of the slot counts says they fit, the QP
+    /// is connected, every WR passes the device's checks): no reply, so a post costs no round trip. A refusal
+    /// would be a bug of the client's checks; the daemon logs it.
+    PostSendAsync { qp: u64, wrs: Vec<SendWr> },
+    PostRecvAsync { qp: u64, wrs: Vec<RecvWr> },
+    PostSrqRecvAsync { srq: u64, wrs: Vec<RecvWr> },
     /// librdmacm: a channel of connection events; the client's end of its socket comes with the reply, and
     /// carries [`CmEvent`]s.
     CmCreateChannel,
@@ -205,6 +215,7 @@ pub enum Reply {
     Mr { mr: u64, lkey: u32, rkey: u32 },
     /// The client's end of the channel's socket travels with this reply.
     Channel { channel: u64 },
+    /// With `CreateCq`, the CQ's shared counter of the CQEs it holds travels with this reply.
     Cq { cq: u64, cqe: i32 },
     Polled { wcs: Vec<Wc> },
     Srq { srq: u64, max_wr: u32, max_sge: u32 },
@@ -215,11 +226,18 @@ pub enum Reply {
     QpState { state: u32 },
     /// A post stopped early: `errno` for the WR at `index` (the ones before it are posted); 0 when all were.
     Posted { errno: i32, index: u32 },
-    Status { daemon_pid: u32, settings: DeviceSettings, steps: u64, clients: Vec<ClientInfo>, violations: u64 },
+    Status { daemon_pid: u32, settings: DeviceSettings, steps: u64, clients: Vec<ClientInfo>, violations: u64, async_refusals: u64 },
     CmChannel { channel: u64 },
     CmId { id: u64 },
     CmAddress { addr: CmAddr },
     Report { violations: Vec<ViolationInfo> },
+}
+
+impl Request {
+    /// Whether the daemon answers the request (every request but the asynchronous posts).
+    pub fn answered(&self) -> bool {
+        !matches!(self, Request::PostSendAsync { .. } | Request::PostRecvAsync { .. } | Request::PostSrqRecvAsync { .. })
+    }
 }
 
 impl Reply {

@@ -37,6 +37,8 @@ pub(super) struct CqModel {
     /// Completion events taken from its channel (`get_cq_event`) and acknowledged (`ack_cq_events`).
     pub(super) events_got: u64,
     pub(super) events_acked: u64,
+    /// In `Model::cq_changed` (a CQE was added since the last `take_cq_changes`).
+    pub(super) changed: bool,
 }
 
 impl Drop for CqModel {
@@ -107,6 +109,10 @@ impl Model {
         let failed = wc.status != SUCCESS;
         cq.entries.push_back(CqEntry { wc, qpn: q.qpn, origin });
         cq.max_queued = cq.max_queued.max(cq.entries.len());
+        if !cq.changed {
+            cq.changed = true;
+            self.cq_changed.push(cq_key);
+        }
         let fire = match cq.armed {
             Some(solicited_only) => !solicited_only || solicited || failed,
             None => false,
@@ -164,6 +170,7 @@ impl Model {
                 armed: None,
                 events_got: 0,
                 events_acked: 0,
+                changed: false,
             },
         );
         Ok(obj)
@@ -215,6 +222,21 @@ impl Model {
     /// `ibv_req_notify_cq`: arms the CQ for its next CQE (or next solicited one). One shot. A request for any
     /// CQE takes precedence over a pending solicited-only one (IBA's Request Completion Notification).
     /// CQEs already in the CQ do not count: only one added afterwards fires.
+    /// Hands each CQ that got a CQE since the last call to `f`, with the CQEs it holds now.
+    pub(crate) fn take_cq_changes(&mut self, mut f: impl FnMut(*mut ibv_cq, usize)) {
+        for k in std::mem::take(&mut self.cq_changed) {
+            if let Some(cq) = self.cqs.get_mut(&k) {
+                cq.changed = false;
+                f(cq.obj, cq.entries.len());
+            }
+        }
+    }
+
+    /// The CQEs a CQ holds.
+    pub(crate) fn cq_queued(&self, cq: *mut ibv_cq) -> Option<usize> {
+        self.cqs.get(&key(cq)).map(|c| c.entries.len())
+    }
+
     pub(crate) fn arm(&mut self, cq: *mut ibv_cq, solicited_only: bool) -> Result<()> {
         let cq = self.cqs.get_mut(&key(cq)).ok_or_else(|| Error::invalid("cq is not a CQ of this sim device"))?;
         cq.arms += 1;
@@ -225,6 +247,12 @@ impl Model {
     /// `ibv_poll_cq`: runs `steps_per_poll` steps, then pops up to `max` CQEs. A popped send CQE frees its
     /// slot and every earlier one of its SQ (the mlx5 rule); a popped receive CQE frees one receive slot.
     pub(crate) fn poll(&mut self, cq: *mut ibv_cq, max: usize, mut out: impl FnMut(usize, ibv_wc)) -> usize {
+        self.poll_slots(cq, max, |i, wc, _| out(i, wc))
+    }
+
+    /// As `poll`, also telling for each CQE whether it is a send completion and, if so, the send slots of its
+    /// QP it freed: those below the index it gives (`None` for a receive completion).
+    pub(crate) fn poll_slots(&mut self, cq: *mut ibv_cq, max: usize, mut out: impl FnMut(usize, ibv_wc, Option<u64>)) -> usize {
         if !self.null() {
             self.run(u64::from(self.cfg.steps_per_poll));
         }
@@ -232,6 +260,10 @@ impl Model {
         let mut n = 0;
         while n < max {
             let Some(entry) = cqm.entries.pop_front() else { break };
+            let freed = match entry.origin {
+                Origin::Send(index) => Some(index + 1),
+                Origin::Recv => None,
+            };
             if let Some(q) = self.qp_by_num.get(&entry.qpn).and_then(|&s| self.qps[s].as_mut()) {
                 match entry.origin {
                     Origin::Send(index) => {
@@ -253,7 +285,7 @@ impl Model {
                 // poisons it, so that nothing may read it as 0.
                 wc.vendor_err = GARBAGE;
             }
-            out(n, wc);
+            out(n, wc, freed);
             n += 1;
         }
         n

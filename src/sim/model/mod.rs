@@ -114,6 +114,8 @@ pub(crate) struct Model {
     /// visits these only, in slot (creation) order, so its cost follows the QPs with work, not all QPs.
     active: BTreeSet<usize>,
     tick_buf: Vec<usize>,
+    /// CQs (keys) that got a CQE since `take_cq_changes` last ran.
+    cq_changed: Vec<usize>,
 }
 
 fn key<T>(p: *mut T) -> usize {
@@ -149,6 +151,7 @@ impl Model {
             async_fd: EventFd::new()?,
             active: BTreeSet::new(),
             tick_buf: Vec::new(),
+            cq_changed: Vec::new(),
         })
     }
 
