@@ -362,3 +362,57 @@ fn what_a_release_callback_defers_or_reads_is_seen_before_the_next_release() {
     assert_eq!(*events.borrow(), want);
     slot.borrow_mut().take();
 }
+
+/// The chain `[WRITE(B), WRITE(B), READ(B), WRITE(A)]` the provider refuses at the READ: `a_at` are the WRs of
+/// the chain whose SGE names MR A (100); the others name MR B (200). Returns after the post failed with 2 WRs
+/// accepted, MR A tracked since before the post.
+fn refused_partway(a_at: &[usize]) -> Rig<sqdisc::scripted::ScriptedDevice> {
+    let rig = Rig::new(config(16, 4, 8), 64);
+    rig.q().track_mr(100).unwrap();
+    rig.dev.refuse_opcode(rig.qp, WR_RDMA_READ, libc::EINVAL).unwrap();
+    let mut c = [WR_RDMA_WRITE, WR_RDMA_WRITE, WR_RDMA_READ, WR_RDMA_WRITE]
+        .iter()
+        .enumerate()
+        .fold(Chain::new(), |c, (i, &op)| c.push(i as u64, op, 0, &[64]));
+    for (i, sges) in c.sges.iter_mut().enumerate() {
+        sges[0].lkey = if a_at.contains(&i) { 100 } else { 200 };
+    }
+    assert_eq!(rig.post(&mut c), Err((libc::EINVAL, Some(2))));
+    assert_eq!(rig.q().stats().accepted, 2);
+    rig
+}
+
+/// After a post the provider refused partway, the uses of a tracked MR are those of the WRs it accepted: a
+/// deferred action (or deregistration) on the MR waits for exactly those, never for the WRs it refused or that
+/// came after them.
+#[test]
+fn a_tracked_mr_counts_only_the_uses_the_provider_accepted() {
+    // (WRs naming MR A, releases the action waits for)
+    for (a_at, want) in [(&[3][..], 0usize), (&[2, 3][..], 0), (&[0][..], 1), (&[0, 3][..], 1), (&[1, 2][..], 2)] {
+        let rig = refused_partway(a_at);
+        let fired: Rc<RefCell<Vec<usize>>> = Rc::default();
+        let (f, log) = (fired.clone(), rig.log.clone());
+        rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(log.borrow().len())))).unwrap();
+        for _ in 0..4 {
+            rig.complete(usize::MAX);
+            rig.poll_all();
+        }
+        assert_eq!(rig.released_ids(), vec![0, 1]);
+        assert_eq!(*fired.borrow(), vec![want], "MR A used by WRs {a_at:?}: runs after {want} releases");
+    }
+    // The same for a deferred deregistration.
+    let rig = refused_partway(&[3]);
+    let ctx = rig.dev.context();
+    replace_dereg(ctx);
+    DEREGS.with(|d| d.borrow_mut().clear());
+    // SAFETY: all-zero is a valid `ibv_mr`.
+    let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
+    mr.context = ctx;
+    mr.lkey = 100;
+    // SAFETY: `mr` outlives the queue's use of it (it runs at once).
+    rig.q().defer_teardown(Some(100), unsafe { Teardown::dereg_mr(&mut mr) }).unwrap();
+    assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![100], "no WR the provider accepted uses it: at once");
+    assert_eq!(rig.q().stats().tracked_mrs, 0);
+    // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
+    unsafe { device::unregister(ctx) }.unwrap();
+}

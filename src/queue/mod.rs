@@ -1013,10 +1013,28 @@ impl QueueState {
         self.send.set_noting(noting);
     }
 
-    /// Bookkeeping for the WR just accepted: the tracked MRs its SGEs name, and its checksums when verifying.
+    /// Bookkeeping for the WR just accepted and parked: the tracked MRs its SGEs name, and its checksums when
+    /// verifying.
     #[inline]
     fn note_accepted(&mut self, w: WrPtr<'_>, send_flags: u32) {
         let now = self.send.accepted();
+        self.note_uses(w, send_flags, now);
+        self.note_buffers(w);
+    }
+
+    /// The checksums of the WR just accepted, when verifying. A WR posted now has its uses of tracked MRs
+    /// noted once the provider took it (`note_posted`).
+    #[inline]
+    fn note_buffers(&mut self, w: WrPtr<'_>) {
+        let now = self.send.accepted();
+        if let Some(v) = &mut self.verify {
+            v.record(now - 1, w);
+        }
+    }
+
+    /// The tracked MRs `w`'s SGEs name are used up to `now` (`accepted` right after `w`).
+    #[inline]
+    fn note_uses(&mut self, w: WrPtr<'_>, send_flags: u32, now: u64) {
         if !self.tracked.is_empty() && send_flags & SEND_INLINE == 0 {
             for sge in w.sges() {
                 if let Some(t) = self.tracked.iter_mut().find(|t| t.lkey == sge.lkey) {
@@ -1024,8 +1042,22 @@ impl QueueState {
                 }
             }
         }
-        if let Some(v) = &mut self.verify {
-            v.record(now - 1, w);
+    }
+
+    /// The provider took the first `posted` WRs of a run of `len` that begins at `first`, all of them the
+    /// ULP's and the newest accepted (before the rest is rolled back): their uses of tracked MRs are noted.
+    /// Noted only now, so that a WR the provider refused never counts as a use.
+    pub(super) fn note_posted(&mut self, first: WrPtr<'_>, len: u32, posted: u32) {
+        if self.tracked.is_empty() {
+            return;
+        }
+        let base = self.send.accepted() - u64::from(len);
+        let mut w = first;
+        for i in 0..posted {
+            self.note_uses(w, w.send_flags(), base + u64::from(i) + 1);
+            if i + 1 < posted {
+                w = w.next().expect("run is linked");
+            }
         }
     }
 
@@ -1040,14 +1072,6 @@ impl QueueState {
             format!("the parked WR wr_id {id:#x}")
         };
         self.last_refusal = Some(refusal_message(&what, errno));
-    }
-
-    /// The provider refused WRs: uses recorded for them point past what is accepted now.
-    fn forget_refused(&mut self) {
-        let now = self.send.accepted();
-        for t in &mut self.tracked {
-            t.last_use = t.last_use.min(now);
-        }
     }
 
     /// Stores a pending operation; `ENOMEM` if its record cannot be allocated. `free_ops` keeps room for every
