@@ -996,8 +996,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * before this call: a LocalInv is not ordered behind earlier WRs (IBA Table 79, 'L'), so posting it at once
  * could invalidate keys an earlier, not yet acknowledged WR still needs for a retransmission. With
  * `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
- * that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
- * NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
+ * that honour it; when no SQ slot is free, or WRs accepted earlier wait in the backlog (it never overtakes
+ * them), it is parked behind them and posted, fenced, in post order. Either way it is signaled and its
+ * completion is not shown by `sqd_cq_poll`; `done` (may be NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
  * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
  * `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
  * `post_send` refused the LocalInv). Once `done` reports success, no
@@ -1013,8 +1014,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * state allocates nothing.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
- * pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
+ * (fenced, it cannot be posted now, since no SQ slot is free or WRs wait in the backlog, and cannot be
+ * parked: the queue's backlog is full, or the send CQ's backlog pool is at its limit; nothing is recorded and
+ * `done` is not called), `-ENOMEM` (no room to record it could be allocated:
  * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,

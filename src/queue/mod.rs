@@ -101,7 +101,8 @@ struct TrackedMr {
 pub enum InvalidateMode {
     /// Posted only once a CQE covers every WR accepted before the request (works on every device).
     Deferred,
-    /// Posted at once with `IBV_SEND_FENCE`: for devices that honour the Local Invalidate Fence.
+    /// Posted at once with `IBV_SEND_FENCE` (or parked behind WRs already parked): for devices that honour the
+    /// Local Invalidate Fence.
     Fenced,
 }
 
@@ -642,7 +643,8 @@ impl Queue {
     /// receives a `Completion` with `wr_id`, opcode `IBV_WC_LOCAL_INV` and its status (`IBV_WC_WR_FLUSH_ERR` and
     /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
     /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` when the provider
-    /// refused it).
+    /// refused it). A fenced LocalInv that cannot be posted now (no free slot, or WRs parked before it) is
+    /// parked behind them; `EAGAIN` when it cannot be parked either (the backlog or the CQ's pool is full).
     pub fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
         self.shared.invalidate(rkey, mode, wr_id, done)
     }
