@@ -51,6 +51,18 @@
 #define SQD_COMPLETION_REFUSED 32
 
 /**
+ * `sqd_cq_out_of_order.flags`: `wr_id` is the WR's own, as the ULP gave it (its index on a queue with
+ * `SQD_QUEUE_INDEXED`); without it, the WQE was the library's own (a marker or a LocalInv) or is no longer
+ * known, and `wr_id` is the value the completion carried.
+ */
+#define SQD_OUT_OF_ORDER_ULP_WR 1
+
+/**
+ * `sqd_cq_out_of_order.flags`: `sqd_cq_poll` showed the completion, with the WR's own wr_id.
+ */
+#define SQD_OUT_OF_ORDER_SHOWN 2
+
+/**
  * `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
  * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
  * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
@@ -174,6 +186,53 @@ struct sqd_cq_stats {
      * Idle-tail markers posted by `sqd_cq_poll`.
      */
     uint64_t tail_markers;
+};
+
+/**
+ * Completions that came out of RC order (`struct sqd_cq_out_of_order` in C): each names a send WQE that the
+ * completion of a later WQE of its QP had already retired, which no RC QP may do. `count` and `shown` count
+ * them all; the other fields describe the first one.
+ */
+struct sqd_cq_out_of_order {
+    /**
+     * Such completions so far (0: none, and the other fields are 0).
+     */
+    uint64_t count;
+    /**
+     * Of those, the ones `sqd_cq_poll` showed: completions of WRs the ULP signaled, each shown once.
+     */
+    uint64_t shown;
+    /**
+     * The first one's WQE: its position among the WQEs its queue posted (0 for the first; the library's own
+     * markers and LocalInvs count too).
+     */
+    uint64_t wqe;
+    /**
+     * The first one's wr_id: the WR's own with `SQD_OUT_OF_ORDER_ULP_WR`, else the value the completion
+     * carried (the library's token).
+     */
+    uint64_t wr_id;
+    /**
+     * The first one's QP number.
+     */
+    uint32_t qp_num;
+    /**
+     * The first one's `enum ibv_wc_opcode`, as the completion carried it.
+     */
+    uint32_t opcode;
+    /**
+     * The first one's `enum ibv_wc_status`.
+     */
+    uint32_t status;
+    /**
+     * The first one's vendor error (0 for a success).
+     */
+    uint32_t vendor_err;
+    /**
+     * `SQD_OUT_OF_ORDER_*` bits, of the first one.
+     */
+    uint32_t flags;
+    uint32_t _reserved0;
 };
 
 /**
@@ -688,6 +747,16 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
  * polled.
  *
+ * A provider that completes a QP's send WQEs out of RC order breaks what the library builds on: the CQE of a
+ * WQE retires every earlier WQE of its QP, and those WRs are released then. When a CQE then arrives for such
+ * an earlier WQE (its own completion came after a later one's), the library shows it with the WR's `wr_id` if
+ * you signaled that WR and its completion was not shown before, since that is the completion you wait for;
+ * otherwise it drops it (counted in `sqd_cq_stats.stray` and `sqd_queue_stats.stray_cqes`). An error status
+ * fails the queue, as any error completion does. It counts every such completion and keeps the first one's
+ * QP number, WQE, `wr_id`, opcode and status in `sqd_cq_out_of_order`, described once in
+ * `sqd_cq_out_of_order_message`. The WR was already released when the later completion came: on such a
+ * provider a release does not prove the HCA is done with the WR's buffers.
+ *
  * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
  * returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
  * keep posting cannot hold it forever: it may then return fewer than `max` while CQEs remain (poll again).
@@ -714,6 +783,23 @@ int32_t sqd_cq_update_capacity(const struct sqd_cq *cq);
  * Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
+
+/**
+ * Copies into `*out` how many completions of the CQ's queues came out of RC order (see `sqd_cq_poll`) and
+ * what the first one was: its QP number, WQE, `wr_id`, opcode, status and `SQD_OUT_OF_ORDER_*` flags. All
+ * zero while none did. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_cq_out_of_order(const struct sqd_cq *cq, struct sqd_cq_out_of_order *out);
+
+/**
+ * Copies the description of the CQ's first completion out of RC order (see `sqd_cq_poll`: which QP and WQE,
+ * and what the library did with it) into `buf`, as a NUL-terminated string cut to `len - 1` bytes; nothing is
+ * written when `len` is 0. The description stays that of the first one; `sqd_cq_out_of_order` counts them.
+ *
+ * Returns the length of the whole description (without the NUL; 0 and an empty string while none came out of
+ * order), or `-EINVAL` (NULL `cq`, NULL `buf` with `len` > 0).
+ */
+int32_t sqd_cq_out_of_order_message(const struct sqd_cq *cq, char *buf, size_t len);
 
 /**
  * Limits the WRs that the queues whose sends complete on `cq` may park at once, all together, to `max_parked`

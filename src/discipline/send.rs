@@ -61,6 +61,21 @@ pub enum CqeOutcome {
     Stray,
     /// A CQE that arrived after the queue was abandoned (its WRs were already released): swallowed.
     Late,
+    /// A CQE of a WQE a later WQE's CQE already retired: the provider completed out of RC order.
+    OutOfOrder(LateCqe),
+}
+
+/// A CQE that names a WQE already retired by the CQE of a later one (`CqeOutcome::OutOfOrder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateCqe {
+    /// The WQE's sequence number.
+    pub seq: u64,
+    /// The ULP's wr_id of the WR (its index on an indexed queue), when the WQE was one of the ULP's WRs and the
+    /// ring still holds its slot; `None` for a WQE of the library's own or one too old to be known.
+    pub wr_id: Option<u64>,
+    /// Show the CQE to the ULP with `wr_id`: the ULP signaled the WR, and neither its own CQE nor a late one
+    /// was shown before.
+    pub show: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -623,8 +638,7 @@ impl<T: Parked> SendState<T> {
                 self.late.on_cqe(token);
                 return CqeOutcome::Late;
             }
-            self.counters.stray_cqes += 1;
-            return CqeOutcome::Stray;
+            return self.on_stray_cqe(token, status, vendor_err);
         }
         self.counters.cqes += 1;
         let slot = self.ledger.ring.get(seq);
@@ -637,6 +651,46 @@ impl<T: Parked> SendState<T> {
         } else {
             CqeOutcome::Visible { wr_id: if self.indexed { self.index_of(seq) } else { slot.wr_id } }
         }
+    }
+
+    /// A send CQE that names no pending WQE: a stray, or the CQE of a WQE that a later WQE's CQE already
+    /// retired (the provider completed out of RC order). Such a WQE is identified while the ring still holds its
+    /// slot (its sequence is within one ring of the newest); its WR was released when the later CQE retired it.
+    /// The CQE is shown to the ULP, once, when the ULP signaled the WR: that is the completion it waits for,
+    /// which the later CQE retired without showing. An error status fails the queue as any error CQE does.
+    #[cold]
+    #[inline(never)]
+    fn on_stray_cqe(&mut self, token: Token, status: u8, vendor_err: u32) -> CqeOutcome {
+        let ring = &self.ledger.ring;
+        let Some(seq) = token.seq_before(ring.done()).filter(|&s| s + ring.capacity() as u64 >= ring.head()) else {
+            self.counters.stray_cqes += 1;
+            return CqeOutcome::Stray;
+        };
+        let slot = ring.get(seq);
+        let ulp = !slot.has(Slot::INTERNAL | Slot::OP);
+        let wr_id = ulp.then(|| if self.indexed { self.index_before(seq) } else { slot.wr_id });
+        let show = ulp && slot.has(Slot::ULP_SIGNALED) && !slot.has(Slot::OWN_CQE | Slot::LATE_SHOWN);
+        if show {
+            ring.update(seq, |s| s.add_flags(Slot::LATE_SHOWN));
+        } else {
+            self.counters.stray_cqes += 1;
+        }
+        if status != WC_SUCCESS {
+            self.note_failure(status, vendor_err);
+        }
+        CqeOutcome::OutOfOrder(LateCqe { seq, wr_id, show })
+    }
+
+    /// The index of the ULP's WR at `seq`, a WQE already complete (released or not) whose slot the ring still
+    /// holds.
+    fn index_before(&self, seq: u64) -> u64 {
+        let ring = &self.ledger.ring;
+        let tail = ring.tail();
+        if seq >= tail {
+            return self.index_of(seq);
+        }
+        let between = (seq..tail).filter(|&s| !ring.get(s).has(Slot::INTERNAL | Slot::OP)).count() as u64;
+        self.ledger.wr_index() - between
     }
 
     /// Records an error CQE's status as the queue's failure: the first one, unless it was a flush and this is

@@ -219,6 +219,8 @@ struct QueueState {
     doorbells: u64,
     /// What the provider refused last, after the queue had accepted it (see `Queue::last_refusal`).
     last_refusal: Option<String>,
+    /// Completions of this queue that came out of RC order (`Queue::out_of_order`).
+    out_of_order: crate::cq::OutOfOrder,
 }
 
 pub(crate) struct QueueShared {
@@ -270,6 +272,8 @@ pub(crate) struct QueueShared {
     srq: Option<Rc<SrqShared>>,
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
     last_wqe_at: Cell<Option<u64>>,
+    /// Called with the description of the queue's first completion out of RC order (`Queue::on_out_of_order`).
+    out_of_order_hook: Cell<Option<Box<dyn Fn(&str)>>>,
 }
 
 /// A queue's batch handler and the array its batches' wr_ids are gathered in (one slot per ring slot: a batch
@@ -538,6 +542,7 @@ impl Queue {
                 verify_mismatches: 0,
                 doorbells: 0,
                 last_refusal: None,
+                out_of_order: crate::cq::OutOfOrder::default(),
             }),
             posted_cycle: Cell::new(u64::MAX),
             watched: Cell::new(false),
@@ -546,6 +551,7 @@ impl Queue {
             batcher: std::cell::OnceCell::new(),
             srq: srq.map(|s| s.shared.clone()),
             last_wqe_at: Cell::new(None),
+            out_of_order_hook: Cell::new(None),
         });
         shared.send_cq.install(send_index, &shared);
         if let Some(r) = &shared.recv_cq {
@@ -746,6 +752,19 @@ impl Queue {
 
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num()
+    }
+
+    /// The completions of this queue's sends that came out of RC order: how many, and the first one (as
+    /// [`Cq::out_of_order`] keeps for all the queues of the send CQ).
+    pub fn out_of_order(&self) -> crate::cq::OutOfOrder {
+        self.shared.state.borrow().out_of_order
+    }
+
+    /// Sets what is called, once, with the description of this queue's first completion out of RC order (as
+    /// [`Cq::out_of_order_message`] gives it), from within the poll that met it; replaces an earlier hook. The
+    /// hook may not poll the CQ (`EBUSY`, as from a release callback).
+    pub fn on_out_of_order(&self, hook: Box<dyn Fn(&str)>) {
+        self.shared.out_of_order_hook.set(Some(hook));
     }
 
     /// The lock of the queue's (thread-safe) CQ, if any.
