@@ -61,8 +61,9 @@ pub enum CqeOutcome {
     Stray,
     /// A CQE that arrived after the queue was abandoned (its WRs were already released): swallowed.
     Late,
-    /// A CQE of a WQE a later WQE's CQE already retired: the provider completed out of RC order.
-    OutOfOrder(LateCqe),
+    /// A CQE of a WQE a later WQE's CQE already retired: the provider completed out of RC order
+    /// (`SendState::take_late_cqe` says which; kept out of this enum so that it stays two words).
+    OutOfOrder,
 }
 
 /// A CQE that names a WQE already retired by the CQE of a later one (`CqeOutcome::OutOfOrder`).
@@ -177,6 +178,8 @@ pub struct SendState<T> {
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
     late: LateWindow,
+    /// The CQE `on_cqe` last answered `CqeOutcome::OutOfOrder` for, until the queue takes it.
+    late_cqe: Option<LateCqe>,
     /// The queue notes every WR it accepts (tracked MRs, buffer verification): set by the queue.
     noting: bool,
     /// The ULP's WRs are named by their index (`SendLedger::wr_index`), not their wr_id, which the quiet
@@ -217,6 +220,7 @@ impl<T: Parked> SendState<T> {
             draining: false,
             abandoned: false,
             late: LateWindow::default(),
+            late_cqe: None,
             front_refused: None,
             noting: false,
             indexed: false,
@@ -678,7 +682,13 @@ impl<T: Parked> SendState<T> {
         if status != WC_SUCCESS {
             self.note_failure(status, vendor_err);
         }
-        CqeOutcome::OutOfOrder(LateCqe { seq, wr_id, show })
+        self.late_cqe = Some(LateCqe { seq, wr_id, show });
+        CqeOutcome::OutOfOrder
+    }
+
+    /// What the CQE `on_cqe` just answered `CqeOutcome::OutOfOrder` for was.
+    pub fn take_late_cqe(&mut self) -> Option<LateCqe> {
+        self.late_cqe.take()
     }
 
     /// The index of the ULP's WR at `seq`, a WQE already complete (released or not) whose slot the ring still

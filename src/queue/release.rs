@@ -37,7 +37,8 @@ impl QueueShared {
                     CqeOutcome::Visible { wr_id } => CqeFate::Visible(wr_id),
                     CqeOutcome::Hidden | CqeOutcome::Late => CqeFate::Hidden,
                     CqeOutcome::Stray => return CqeFate::Stray,
-                    CqeOutcome::OutOfOrder(late) => {
+                    CqeOutcome::OutOfOrder => {
+                        let late = st.send.take_late_cqe().expect("on_cqe kept the late CQE");
                         drop(st);
                         return self.on_out_of_order(late, token, status, vendor_err, wc_opcode);
                     }
