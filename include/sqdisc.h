@@ -362,7 +362,8 @@ struct sqd_queue_attr {
      */
     uint32_t rq_depth;
     /**
-     * At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+     * At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`, which is 1 (every
+     * WR signaled, as with an explicit 1) below an `sq_depth` of 8. At most sq_depth.
      */
     uint32_t signal_interval;
     /**
@@ -870,8 +871,8 @@ int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
 
 /**
  * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
- * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
- * 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+ * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue whose interval in
+ * force is 1, `signal_interval` 1 or 0 below an `sq_depth` of 8, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
  * below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
  * on the CQ, use `sqd_cq_depth_for_srqs`.
  *
@@ -921,8 +922,9 @@ const char *sqd_version(void);
  * `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
  *
  * The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
- * with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
- * every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+ * with its own CQE on QP error, plus a drain marker; `sq_depth` alone when the interval in force is 1, which
+ * signals every WR and so never needs a marker: `signal_interval` 1, or 0 with `sq_depth` below 8) and
+ * `rq_depth` on the receive CQ. If that does not fit in what the CQ
  * has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
  * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with

@@ -341,8 +341,8 @@ pub struct QueuePlan {
 }
 
 /// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
-/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
-/// 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue whose interval in
+/// force is 1, `signal_interval` 1 or 0 below an `sq_depth` of 8, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
 /// below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
 /// on the CQ, use `sqd_cq_depth_for_srqs`.
 ///

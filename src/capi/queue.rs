@@ -68,7 +68,8 @@ pub struct QueueAttr {
     pub max_inline_data: u32,
     /// The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0. At most 1048576.
     pub rq_depth: u32,
-    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`, which is 1 (every
+    /// WR signaled, as with an explicit 1) below an `sq_depth` of 8. At most sq_depth.
     pub signal_interval: u32,
     /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
     /// with `-EAGAIN`. At most 1048576. The copies of the waiting WRs are kept in the send CQ's backlog pool,
@@ -93,8 +94,9 @@ pub struct QueueAttr {
 /// `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
 ///
 /// The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
-/// with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
-/// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+/// with its own CQE on QP error, plus a drain marker; `sq_depth` alone when the interval in force is 1, which
+/// signals every WR and so never needs a marker: `signal_interval` 1, or 0 with `sq_depth` below 8) and
+/// `rq_depth` on the receive CQ. If that does not fit in what the CQ
 /// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
 /// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with

@@ -7,6 +7,7 @@ use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared};
 use crate::discipline::budget::{posts_markers, reservation, send_reservation};
+use crate::discipline::signal::interval_in_force;
 use crate::discipline::check::Limits;
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::SEND_INLINE;
@@ -37,8 +38,9 @@ pub struct QueueConfig {
     pub max_inline_data: u32,
     /// The QP's `max_recv_wr` when receives complete on a managed CQ (`recv_cq`), else 0.
     pub rq_depth: u32,
-    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. With 1 every WR is
-    /// signaled, so the queue never posts a marker and reserves no CQE for one.
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. With 1 (given, or
+    /// picked by 0 below an `sq_depth` of 8) every WR is signaled, so the queue never posts a marker and
+    /// reserves no CQE for one.
     pub signal_interval: u32,
     /// WRs parked while the SQ has no credit; 0 makes posts fail with `EAGAIN` instead.
     pub backlog_depth: u32,
@@ -398,7 +400,7 @@ impl Queue {
                 c.signal_interval, c.sq_depth
             )));
         }
-        let interval = if c.signal_interval == 0 { (c.sq_depth / 4).max(1) } else { c.signal_interval };
+        let interval = interval_in_force(c.sq_depth, c.signal_interval);
         if !std::ptr::eq(qp.send_cq(), send_cq.shared.handle.as_ptr()) {
             return Err(Error::invalid(format!(
                 "the QP's send CQ ({:p}) is not the CQ given as send_cq ({:p})",
@@ -462,7 +464,7 @@ impl Queue {
         let recvs = reservation(0, c.rq_depth, false, recv_cq.is_some());
         let sends = send_reservation(c.sq_depth, c.signal_interval);
         let (send_need, recv_need) = if same_cq { (sends + recvs, 0) } else { (sends, recvs) };
-        let marker = if posts_markers(c.signal_interval) { "1 drain marker" } else { "every WR signaled, no marker" };
+        let marker = if posts_markers(c.sq_depth, c.signal_interval) { "1 drain marker" } else { "every WR signaled, no marker" };
         let what = if same_cq {
             format!("sq_depth {} + rq_depth {} + {marker}", c.sq_depth, c.rq_depth)
         } else {
