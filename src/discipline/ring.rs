@@ -36,7 +36,7 @@ impl Slot {
     /// vendor error).
     pub const REMOTE_INV: u8 = 32;
     /// A late CQE of this WR (one that came after a later WQE's CQE had retired it) was shown to the ULP: a
-    /// second one is not (`SendState::on_late_cqe`).
+    /// second one is not (`SendState::on_stray_cqe`).
     pub const LATE_SHOWN: u8 = 64;
 
     /// A pending slot: status 0 and vendor error 0 until its completion says otherwise.

@@ -692,7 +692,8 @@ impl<T: Parked> SendState<T> {
     }
 
     /// The index of the ULP's WR at `seq`, a WQE already complete (released or not) whose slot the ring still
-    /// holds.
+    /// holds. For a released one, counted back from the releases: a parked WR the provider refused, released
+    /// after `seq` without a ring slot, is not counted, so the index is then too high by one per such WR.
     fn index_before(&self, seq: u64) -> u64 {
         let ring = &self.ledger.ring;
         let tail = ring.tail();
