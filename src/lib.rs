@@ -46,5 +46,5 @@ pub use error::{Error, Result};
 pub use srq::{Srq, SrqStats};
 pub use limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
 pub use post_error::{PostError, RecvPostError};
-pub use queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
+pub use queue::{Deferred, InvalidateMode, OutOfOrderHook, Queue, QueueConfig, QueueStats};
 pub use release::{BatchHandler, ReleaseBatch, ReleaseHandler};

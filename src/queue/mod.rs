@@ -90,6 +90,10 @@ enum Action {
     Teardown { teardown: Teardown, untrack: Option<u32> },
 }
 
+/// What `Queue::on_out_of_order` sets: called with the description of the queue's first completion out of RC
+/// order.
+pub type OutOfOrderHook = Box<dyn Fn(&str)>;
+
 /// An MR whose uses the queue tracks precisely (see `Queue::track_mr`).
 struct TrackedMr {
     lkey: u32,
@@ -275,7 +279,7 @@ pub(crate) struct QueueShared {
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
     last_wqe_at: Cell<Option<u64>>,
     /// Called with the description of the queue's first completion out of RC order (`Queue::on_out_of_order`).
-    out_of_order_hook: Cell<Option<Box<dyn Fn(&str)>>>,
+    out_of_order_hook: Cell<Option<OutOfOrderHook>>,
 }
 
 /// A queue's batch handler and the array its batches' wr_ids are gathered in (one slot per ring slot: a batch
@@ -765,7 +769,7 @@ impl Queue {
     /// Sets what is called, once, with the description of this queue's first completion out of RC order (as
     /// [`Cq::out_of_order_message`] gives it), from within the poll that met it; replaces an earlier hook. The
     /// hook may not poll the CQ (`EBUSY`, as from a release callback).
-    pub fn on_out_of_order(&self, hook: Box<dyn Fn(&str)>) {
+    pub fn on_out_of_order(&self, hook: OutOfOrderHook) {
         self.shared.out_of_order_hook.set(Some(hook));
     }
 
