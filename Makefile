@@ -294,8 +294,8 @@ check-lib: $(BUILD)/lib/$(CHECK_REAL) $(BUILD)/sqdisc_check.pc
 
 check-cargo-release:
 	@mkdir -p $(BUILD)
-	$(CARGO) rustc -p sqdisc-check --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
-		| tee $(BUILD)/check-cargo-release.log
+	$(CARGO) rustc -p sqdisc-check --release --lib --crate-type staticlib -- --cfg sqdisc_check_library \
+		--print native-static-libs 2>&1 | tee $(BUILD)/check-cargo-release.log
 	$(call native_static_libs,check-cargo-release.log,check-native-static-libs,-libverbs -lrdmacm)
 
 $(BUILD)/obj/sqdisc_check.o: check-cargo-release

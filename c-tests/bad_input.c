@@ -493,7 +493,8 @@ static void cq_budget_refuses_a_queue_that_does_not_fit(void)
     struct sqd_queue_attr a3 = attr_for(qp3, NULL);
     a3.signal_interval = 0;
     struct sqd_queue *q3 = NULL;
-    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp3, &a3, &q3), ENOSPC, "needs 2");
+    /* signal_interval 0 at sq_depth 1 signals every WR: 1 CQE, no marker's (as signal_interval 1). */
+    EXPECT_ERR(sqd_queue_new(r->scq, NULL, qp3, &a3, &q3), ENOSPC, "needs 1 (sq_depth 1 + every WR signaled");
     /* Receives on the same CQ count too: sq_depth + rq_depth + 1. */
     CHECK_EQ(sqd_queue_free(q2), 0);
     CHECK_EQ(cqstats(r->scq).reserved, 17);

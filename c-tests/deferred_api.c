@@ -557,6 +557,85 @@ static void invalidate_on_a_failed_queue_is_refused(void)
     CHECK_EQ(d.n, 0);
 }
 
+/* [WRITE(B), WRITE(B), READ(B), WRITE(A)] with READs refused by the provider: the post fails at the READ with
+ * 2 WRs accepted. MR A (tracked before the post) is used by no WR the provider took, so sqd_defer_mr on it runs
+ * at once, and so does sqd_defer_dereg_mr (the deregistration, ownership passed). */
+static void a_tracked_mr_named_only_by_refused_wrs_is_released_at_once(void)
+{
+    struct mq *m = rig1((struct qcfg){.sq_depth = 16, .signal_interval = 4, .backlog_depth = 8}, 64);
+    struct ibv_mr *a = reg_mr(the_rig, data[3], 64), *b = reg_mr(the_rig, data[0], 3 * 64);
+    memset(&fired, 0, sizeof fired);
+    CHECK_EQ(sqd_queue_track_mr(m->q, a), 0);
+    CHECK_EQ(sqd_scripted_refuse_opcode(m->qp, IBV_WR_RDMA_READ, EINVAL), 0);
+    sends(&ch, 0, 4, 0);
+    for (int i = 0; i < 4; i++) {
+        ch.wr[i].opcode = i == 2 ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+        ch.sge[i][0].lkey = i == 3 ? a->lkey : b->lkey;
+    }
+    struct ibv_send_wr *bad = NULL;
+    CHECK_EQ(sqd_post_send(m->q, ch.wr, &bad), -EINVAL);
+    CHECK(bad == &ch.wr[2]);
+    CHECK_EQ(qstats(m).accepted, 2);
+    static struct fire_ctx fa; /* static: on a failure the action may still run at teardown */
+    fa = (struct fire_ctx){"a", m};
+    CHECK_EQ(sqd_defer_mr(m->q, a, record_fire, &fa), 0);
+    CHECK_EQ(fired.n, 1); /* at once: no WR the provider took uses it */
+    int mrs = sqd_scripted_mr_count(the_rig->dev);
+    CHECK_EQ(sqd_defer_dereg_mr(m->q, a), 0);
+    CHECK_EQ(sqd_scripted_mr_count(the_rig->dev), mrs - 1);
+    CHECK_EQ(qstats(m).tracked_mrs, 0);
+    settle(the_rig, m);
+    released_in_order(m, 0, 2);
+    CHECK_EQ(sqd_scripted_dereg_mr(b), 0);
+}
+
+/* SQ depth 4, backlog 2, every WR signaled: SENDs 0..3 fill the SQ; READ 4 (refused by the provider) and SEND 5
+ * are parked; WR 0's completion frees a slot and the pump stops at the refused READ. With one SQ slot free and
+ * the backlog full, a fenced sqd_invalidate can be neither posted (it would overtake READ 4 and SEND 5) nor
+ * parked: -EAGAIN, and nothing is recorded. With room in the backlog it is parked behind them and reports once,
+ * after all six. */
+static void a_fenced_local_inv_behind_a_full_backlog_is_refused_with_eagain(void)
+{
+    for (uint32_t backlog = 2; backlog <= 3; backlog++) {
+        struct mq *m = rig1((struct qcfg){.sq_depth = 4, .signal_interval = 1, .backlog_depth = backlog}, 64);
+        struct done_log d = {0};
+        post_ok(m, sends(&ch, 0, 4, 0));
+        CHECK_EQ(sqd_scripted_refuse_opcode(m->qp, IBV_WR_RDMA_READ, EINVAL), 0);
+        sends(&ch, 4, 6, 0);
+        ch.wr[0].opcode = IBV_WR_RDMA_READ;
+        post_ok(m, &ch);
+        complete(m, 1);
+        poll_all(the_rig->scq);
+        struct sqd_queue_stats s = qstats(m);
+        CHECK_EQ(s.released, 1);
+        CHECK_EQ(s.credits, 1);
+        CHECK_EQ(s.backlog, 2);
+        if (backlog == 2) {
+            EXPECT_ERR(sqd_invalidate(m->q, 0x77, 9, SQD_INVALIDATE_FENCE, on_done, &d), EAGAIN, "backlog");
+            CHECK_EQ(qstats(m).accepted, 6);
+        } else {
+            CHECK_EQ(sqd_invalidate(m->q, 0x77, 9, SQD_INVALIDATE_FENCE, on_done, &d), 0);
+            CHECK_EQ(qstats(m).accepted, 7);
+            CHECK_EQ(qstats(m).backlog, 3);
+            CHECK_EQ(count_local_invs(m), 0);
+        }
+        for (int i = 0; i < 6; i++) {
+            complete(m, INT_MAX);
+            poll_all(the_rig->scq);
+        }
+        released_in_order(m, 0, 6);
+        if (backlog == 2) {
+            CHECK_EQ(d.n, 0);
+            CHECK_EQ(count_local_invs(m), 0);
+        } else {
+            done_once(&d, 9, IBV_WC_SUCCESS, 0);
+            CHECK_EQ(count_local_invs(m), 1);
+        }
+        rig_teardown(the_rig);
+        the_rig = NULL;
+    }
+}
+
 int main(void)
 {
     run("a_deferred_local_inv_waits_for_a_cqe_covering_every_earlier_wr",
@@ -580,5 +659,9 @@ int main(void)
     run("bad_input_of_the_deferred_functions", bad_input_of_the_deferred_functions);
     run("queue_new_refuses_unknown_attr_flags", queue_new_refuses_unknown_attr_flags);
     run("invalidate_on_a_failed_queue_is_refused", invalidate_on_a_failed_queue_is_refused);
+    run("a_tracked_mr_named_only_by_refused_wrs_is_released_at_once",
+        a_tracked_mr_named_only_by_refused_wrs_is_released_at_once);
+    run("a_fenced_local_inv_behind_a_full_backlog_is_refused_with_eagain",
+        a_fenced_local_inv_behind_a_full_backlog_is_refused_with_eagain);
     return harness_finish("deferred_api");
 }

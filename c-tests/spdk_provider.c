@@ -575,6 +575,87 @@ static void srq_receives_reach_spdk_and_destroy_follows_the_verbs_rules(void)
     printf("PASS %s\n", current);
 }
 
+/* A device that completes the poll group's send WQEs out of RC order: reordering_poll, put into the device
+ * context's ops before the provider takes them over (the provider keeps it as the device's poll op), returns
+ * the first two CQEs of the poll group's CQ it meets in the opposite order while `ooo.swaps` is set. */
+static struct {
+    int (*device_poll)(struct ibv_cq *, int, struct ibv_wc *);
+    struct ibv_cq *cq;
+    struct ibv_wc held[64];
+    int nheld, swaps;
+} ooo;
+
+static int reordering_poll(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    if (cq != ooo.cq)
+        return ooo.device_poll(cq, n, wc);
+    int got = ooo.device_poll(cq, 64 - ooo.nheld, ooo.held + ooo.nheld);
+    if (got < 0)
+        return got;
+    ooo.nheld += got;
+    if (ooo.swaps > 0) {
+        if (ooo.nheld < 2)
+            return 0;
+        struct ibv_wc first = ooo.held[0];
+        ooo.held[0] = ooo.held[1];
+        ooo.held[1] = first;
+        ooo.swaps--;
+    }
+    int k = ooo.nheld < n ? ooo.nheld : n;
+    memcpy(wc, ooo.held, (size_t)k * sizeof *wc);
+    memmove(ooo.held, ooo.held + k, (size_t)(ooo.nheld - k) * sizeof *ooo.held);
+    ooo.nheld -= k;
+    return k;
+}
+
+/* Two SENDs SPDK signaled; the device completes the second first. SPDK matches completions by wr_id, so it must
+ * get both, as raw verbs would give them: the late one is handed over, not dropped, and the provider says once
+ * per qpair, through spdk_log, that the device completes out of RC order. */
+static void a_late_completion_of_a_wr_spdk_signaled_reaches_spdk_and_is_logged_once(void)
+{
+    struct world w;
+    struct rdma_cm_id id;
+    current = "a_late_completion_of_a_wr_spdk_signaled_reaches_spdk_and_is_logged_once";
+    world_new(&w, NULL, 1024);
+    ooo.device_poll = w.cq->context->ops.poll_cq;
+    ooo.cq = w.cq;
+    ooo.nheld = ooo.swaps = 0;
+    w.cq->context->ops.poll_cq = reordering_poll;
+    struct spdk_rdma_provider_qp *q = qpair_new(&w, &id, 16, 8, NULL, NULL);
+    CHECK(q != NULL);
+    peer_connect(&w, q->qp, 64);
+
+    int errors = standin.errors;
+    for (int round = 0; round < 2; round++) {
+        struct ibv_send_wr wrs[2];
+        struct ibv_sge sges[2];
+        uint64_t base = 100 + (uint64_t)round * 10;
+        send_wr(&w, &wrs[0], &sges[0], base);
+        send_wr(&w, &wrs[1], &sges[1], base + 1);
+        link_wrs(wrs, 2);
+        ooo.swaps = 1;
+        spdk_rdma_provider_qp_queue_send_wrs(q, wrs);
+        struct ibv_send_wr *bad = NULL;
+        CHECK_EQ(spdk_rdma_provider_qp_flush_send_wrs(q, &bad), 0);
+        struct ibv_wc wc[8];
+        CHECK_EQ(reap(&w, wc, 8, 2, 1000), 2);
+        CHECK_EQ(wc[0].wr_id, base + 1);
+        CHECK_EQ(wc[1].wr_id, base);
+        CHECK_EQ(wc[1].status, IBV_WC_SUCCESS);
+        CHECK_EQ(wc[1].opcode, IBV_WC_SEND);
+        CHECK_EQ(wc[1].qp_num, q->qp->qp_num);
+        CHECK_EQ(standin.errors, errors + 1); /* once per qpair, not per completion */
+        CHECK(strstr(standin.last_log, "out of RC order") != NULL);
+    }
+    struct sqd_queue_stats s = qstats(q);
+    CHECK_EQ(s.stray_cqes, 0);
+    CHECK_EQ(s.released, s.accepted);
+
+    spdk_rdma_provider_qp_destroy(q);
+    world_free(&w);
+    printf("PASS %s\n", current);
+}
+
 int main(void)
 {
     create_writes_back_caps_and_refuses_what_it_cannot_do();
@@ -586,5 +667,7 @@ int main(void)
     destroy_with_wrs_outstanding_leaves_the_cq_clean_for_the_others();
     cqs_without_provider_qpairs_pass_through_untouched();
     srq_receives_reach_spdk_and_destroy_follows_the_verbs_rules();
+    /* Last: its context's poll op differs from the others'. */
+    a_late_completion_of_a_wr_spdk_signaled_reaches_spdk_and_is_logged_once();
     return 0;
 }

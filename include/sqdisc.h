@@ -51,6 +51,18 @@
 #define SQD_COMPLETION_REFUSED 32
 
 /**
+ * `sqd_cq_out_of_order.flags`: `wr_id` is the WR's own, as the ULP gave it (its index on a queue with
+ * `SQD_QUEUE_INDEXED`); without it, the WQE was the library's own (a marker or a LocalInv) or is no longer
+ * known, and `wr_id` is the value the completion carried.
+ */
+#define SQD_OUT_OF_ORDER_ULP_WR 1
+
+/**
+ * `sqd_cq_out_of_order.flags`: `sqd_cq_poll` showed the completion, with the WR's own wr_id.
+ */
+#define SQD_OUT_OF_ORDER_SHOWN 2
+
+/**
  * `sqd_cq_new_ex` flag: any thread may post to the CQ's queues (and free, defer, drain...) while one thread
  * polls. Every call on the CQ or on its queues then holds the CQ's lock; release callbacks run under it and may
  * call the API on the same CQ again (the lock is reentrant), but must not wait for another thread that uses
@@ -174,6 +186,53 @@ struct sqd_cq_stats {
      * Idle-tail markers posted by `sqd_cq_poll`.
      */
     uint64_t tail_markers;
+};
+
+/**
+ * Completions that came out of RC order (`struct sqd_cq_out_of_order` in C): each names a send WQE that the
+ * completion of a later WQE of its QP had already retired, which no RC QP may do. `count` and `shown` count
+ * them all; the other fields describe the first one.
+ */
+struct sqd_cq_out_of_order {
+    /**
+     * Such completions so far (0: none, and the other fields are 0).
+     */
+    uint64_t count;
+    /**
+     * Of those, the ones `sqd_cq_poll` showed: completions of WRs the ULP signaled, each shown once.
+     */
+    uint64_t shown;
+    /**
+     * The first one's WQE: its position among the WQEs its queue posted (0 for the first; the library's own
+     * markers and LocalInvs count too).
+     */
+    uint64_t wqe;
+    /**
+     * The first one's wr_id: the WR's own with `SQD_OUT_OF_ORDER_ULP_WR`, else the value the completion
+     * carried (the library's token).
+     */
+    uint64_t wr_id;
+    /**
+     * The first one's QP number.
+     */
+    uint32_t qp_num;
+    /**
+     * The first one's `enum ibv_wc_opcode`, as the completion carried it.
+     */
+    uint32_t opcode;
+    /**
+     * The first one's `enum ibv_wc_status`.
+     */
+    uint32_t status;
+    /**
+     * The first one's vendor error (0 for a success).
+     */
+    uint32_t vendor_err;
+    /**
+     * `SQD_OUT_OF_ORDER_*` bits, of the first one.
+     */
+    uint32_t flags;
+    uint32_t _reserved0;
 };
 
 /**
@@ -303,7 +362,8 @@ struct sqd_queue_attr {
      */
     uint32_t rq_depth;
     /**
-     * At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+     * At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`, which is 1 (every
+     * WR signaled, as with an explicit 1) below an `sq_depth` of 8. At most sq_depth.
      */
     uint32_t signal_interval;
     /**
@@ -688,6 +748,16 @@ int32_t sqd_cq_free(struct sqd_cq *cq);
  * at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
  * polled.
  *
+ * A provider that completes a QP's send WQEs out of RC order breaks what the library builds on: the CQE of a
+ * WQE retires every earlier WQE of its QP, and those WRs are released then. When a CQE then arrives for such
+ * an earlier WQE (its own completion came after a later one's), the library shows it with the WR's `wr_id` if
+ * you signaled that WR and its completion was not shown before, since that is the completion you wait for;
+ * otherwise it drops it (counted in `sqd_cq_stats.stray` and `sqd_queue_stats.stray_cqes`). An error status
+ * fails the queue, as any error completion does. It counts every such completion and keeps the first one's
+ * QP number, WQE, `wr_id`, opcode and status in `sqd_cq_out_of_order`, described once in
+ * `sqd_cq_out_of_order_message`. The WR was already released when the later completion came: on such a
+ * provider a release does not prove the HCA is done with the WR's buffers.
+ *
  * Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
  * returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
  * keep posting cannot hold it forever: it may then return fewer than `max` while CQEs remain (poll again).
@@ -714,6 +784,23 @@ int32_t sqd_cq_update_capacity(const struct sqd_cq *cq);
  * Copies the CQ's counters into `*out`. Returns 0 or `-EINVAL` (NULL argument).
  */
 int32_t sqd_cq_stats(const struct sqd_cq *cq, struct sqd_cq_stats *out);
+
+/**
+ * Copies into `*out` how many completions of the CQ's queues came out of RC order (see `sqd_cq_poll`) and
+ * what the first one was: its QP number, WQE, `wr_id`, opcode, status and `SQD_OUT_OF_ORDER_*` flags. All
+ * zero while none did. Returns 0 or `-EINVAL` (NULL argument).
+ */
+int32_t sqd_cq_out_of_order(const struct sqd_cq *cq, struct sqd_cq_out_of_order *out);
+
+/**
+ * Copies the description of the CQ's first completion out of RC order (see `sqd_cq_poll`: which QP and WQE,
+ * and what the library did with it) into `buf`, as a NUL-terminated string cut to `len - 1` bytes; nothing is
+ * written when `len` is 0. The description stays that of the first one; `sqd_cq_out_of_order` counts them.
+ *
+ * Returns the length of the whole description (without the NUL; 0 and an empty string while none came out of
+ * order), or `-EINVAL` (NULL `cq`, NULL `buf` with `len` > 0).
+ */
+int32_t sqd_cq_out_of_order_message(const struct sqd_cq *cq, char *buf, size_t len);
 
 /**
  * Limits the WRs that the queues whose sends complete on `cq` may park at once, all together, to `max_parked`
@@ -784,8 +871,8 @@ int32_t sqd_cq_async_event(struct sqd_cq *cq, uint32_t type);
 
 /**
  * The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
- * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
- * 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+ * reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue whose interval in
+ * force is 1, `signal_interval` 1 or 0 below an `sq_depth` of 8, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
  * below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
  * on the CQ, use `sqd_cq_depth_for_srqs`.
  *
@@ -835,8 +922,9 @@ const char *sqd_version(void);
  * `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
  *
  * The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
- * with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
- * every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+ * with its own CQE on QP error, plus a drain marker; `sq_depth` alone when the interval in force is 1, which
+ * signals every WR and so never needs a marker: `signal_interval` 1, or 0 with `sq_depth` below 8) and
+ * `rq_depth` on the receive CQ. If that does not fit in what the CQ
  * has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
  *
  * Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with
@@ -996,8 +1084,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * before this call: a LocalInv is not ordered behind earlier WRs (IBA Table 79, 'L'), so posting it at once
  * could invalidate keys an earlier, not yet acknowledged WR still needs for a retransmission. With
  * `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
- * that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
- * NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
+ * that honour it; when no SQ slot is free, or WRs accepted earlier wait in the backlog (it never overtakes
+ * them), it is parked behind them and posted, fenced, in post order. Either way it is signaled and its
+ * completion is not shown by `sqd_cq_poll`; `done` (may be NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
  * `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
  * `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
  * `post_send` refused the LocalInv). Once `done` reports success, no
@@ -1013,8 +1102,9 @@ int32_t sqd_queue_stats(const struct sqd_queue *q, struct sqd_queue_stats *out);
  * state allocates nothing.
  *
  * Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
- * (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
- * pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
+ * (fenced, it cannot be posted now, since no SQ slot is free or WRs wait in the backlog, and cannot be
+ * parked: the queue's backlog is full, or the send CQ's backlog pool is at its limit; nothing is recorded and
+ * `done` is not called), `-ENOMEM` (no room to record it could be allocated:
  * nothing is posted and `done` is not called).
  */
 int32_t sqd_invalidate(struct sqd_queue *q,

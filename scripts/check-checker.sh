@@ -9,6 +9,8 @@
 #      SQDISC_CHECK=off writes nothing. The preloaded runs are plain dynamic builds only: preloading into an
 #      ASan binary needs the ASan runtime first in LD_PRELOAD, which would test the sanitizer's set-up more
 #      than the checker.
+#   2c. programs the checker never attaches to (/bin/true, c-tests/check/track_only.c): the report at exit
+#      still comes, and says nothing was watched.
 #   3. The demo (examples/demo.c) under the checker, seeds 1 to 5 at depths 4 to 64: for the raw ULP, every violation the sim
 #      logs of a kind a checker rule covers is reported by the checker too, on the same QP and WQE; for the
 #      sqdisc ULP, no violation at all; and the demo's output (but its wall time) is the same as without it.
@@ -163,6 +165,31 @@ if "$CC" -std=c11 -Wall -Wextra -Werror -g -shared -fPIC "${sim_cflags[@]}" "$sr
 else
     cat "$out/fake.build" "$out/interpose.build" > "$out/interpose.builds" 2>/dev/null || true
     fail "interpose_workload: build" "$out/interpose.builds"
+fi
+
+# ---- 2c. programs the checker never attaches to ----------------------------------------------------------------
+# /bin/true uses no verbs at all; track_only tracks a CQ and a QP of a context it never attaches. Both still get
+# the report at exit, which says that nothing was watched (and, for track_only, what tracking found).
+rm -f "$out/none.txt"
+if SQDISC_CHECK_REPORT=$out/none.txt LD_PRELOAD="$checker" run "$out/none.out" /bin/true \
+    && grep -q '^sqdisc-check report (exit): 0 violations' "$out/none.txt" 2>/dev/null \
+    && grep -q '^nothing watched' "$out/none.txt" && [ ! -s "$out/none.out" ]; then
+    pass "a program that never uses verbs (/bin/true) gets a report at exit that says nothing was watched"
+else
+    fail "/bin/true under the checker: no report saying nothing was watched" "$out/none.txt"
+fi
+if "$CC" "${CFLAGS_STRICT[@]}" "${both_cflags[@]}" "$src/track_only.c" -o "$out/track_only" "${both_libs[@]}" \
+    > "$out/track_only.build" 2>&1; then
+    rm -f "$out/track_only.txt"
+    if SQDISC_CHECK_REPORT=$out/track_only.txt run "$out/track_only.out" "$out/track_only" \
+        && grep -q '^done' "$out/track_only.out" && grep -q '^nothing watched' "$out/track_only.txt" 2>/dev/null \
+        && grep -Eq '^ +1 +CQ undersized' "$out/track_only.txt"; then
+        pass "a program that only tracks objects of a context it never attached gets the report, nothing watched"
+    else
+        fail "track_only: no report at exit, or not the expected one" "$out/track_only.txt"
+    fi
+else
+    fail "track_only: build" "$out/track_only.build"
 fi
 
 # ---- 3. the demo ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #   --lib                       the discipline core's unit tests (ring, tokens, signaling, budget, SRQ slots)
 #   --test queue on_scripted    the queue contract through src/verbs on the scripted device
 #   --test deferred, events     deferred actions, invalidation barriers, async events (release-all paths)
+#   --test out_of_order         completions out of RC order, through a poll op of the test's own
 #   --test capi_reentrant       the C ABI (sqd_* extern "C" functions) driven from Rust, with release, deferred
 #                               and done callbacks that post, poll other CQs, free and defer from inside
 #   --test teardown             every destruction order of handles and device objects, frees from callbacks
@@ -42,7 +43,7 @@ run() {
 }
 run --lib
 run --test queue on_scripted
-run --test deferred --test events
+run --test deferred --test events --test out_of_order
 run --test capi_reentrant
 run --test teardown
 echo "miri: all runs passed in $(($(date +%s) - start)) s (MIRIFLAGS=$MIRIFLAGS)"

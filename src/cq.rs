@@ -43,6 +43,78 @@ pub struct CqStats {
     pub tail_markers: u64,
 }
 
+/// `sqd_cq_out_of_order.flags`: `wr_id` is the WR's own, as the ULP gave it (its index on a queue with
+/// `SQD_QUEUE_INDEXED`); without it, the WQE was the library's own (a marker or a LocalInv) or is no longer
+/// known, and `wr_id` is the value the completion carried.
+pub const SQD_OUT_OF_ORDER_ULP_WR: u32 = 1;
+/// `sqd_cq_out_of_order.flags`: `sqd_cq_poll` showed the completion, with the WR's own wr_id.
+pub const SQD_OUT_OF_ORDER_SHOWN: u32 = 2;
+
+/// Completions that came out of RC order (`struct sqd_cq_out_of_order` in C): each names a send WQE that the
+/// completion of a later WQE of its QP had already retired, which no RC QP may do. `count` and `shown` count
+/// them all; the other fields describe the first one.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutOfOrder {
+    /// Such completions so far (0: none, and the other fields are 0).
+    pub count: u64,
+    /// Of those, the ones `sqd_cq_poll` showed: completions of WRs the ULP signaled, each shown once.
+    pub shown: u64,
+    /// The first one's WQE: its position among the WQEs its queue posted (0 for the first; the library's own
+    /// markers and LocalInvs count too).
+    pub wqe: u64,
+    /// The first one's wr_id: the WR's own with `SQD_OUT_OF_ORDER_ULP_WR`, else the value the completion
+    /// carried (the library's token).
+    pub wr_id: u64,
+    /// The first one's QP number.
+    pub qp_num: u32,
+    /// The first one's `enum ibv_wc_opcode`, as the completion carried it.
+    pub opcode: u32,
+    /// The first one's `enum ibv_wc_status`.
+    pub status: u32,
+    /// The first one's vendor error (0 for a success).
+    pub vendor_err: u32,
+    /// `SQD_OUT_OF_ORDER_*` bits, of the first one.
+    pub flags: u32,
+    pub _reserved0: u32,
+}
+
+impl OutOfOrder {
+    /// Adds `one`, a single completion: the first one is kept whole, later ones only counted.
+    pub(crate) fn add(&mut self, one: &OutOfOrder) {
+        if self.count == 0 {
+            *self = *one;
+        } else {
+            self.count += one.count;
+            self.shown += one.shown;
+        }
+    }
+
+    /// What the first one was and what the library did with it, or `None` before any.
+    pub fn describe(&self) -> Option<String> {
+        if self.count == 0 {
+            return None;
+        }
+        let wr = if self.flags & SQD_OUT_OF_ORDER_ULP_WR != 0 {
+            format!("wr_id {:#x}", self.wr_id)
+        } else {
+            format!("a WQE of the library's own or no longer known, wr_id {:#x} as carried", self.wr_id)
+        };
+        let fate = if self.flags & SQD_OUT_OF_ORDER_SHOWN != 0 {
+            "sqd_cq_poll showed it with the WR's wr_id, since the ULP signaled that WR"
+        } else {
+            "it was not shown (the ULP did not signal that WR, or its completion was shown already)"
+        };
+        Some(format!(
+            "QP {:#x}: a completion (opcode {}, status {}) arrived for WQE {} ({wr}) after the completion of a later \
+             WQE had retired it: the provider completes out of RC order. That WR was released when the later \
+             completion came, as RC order implies, so its buffers may have been reused while the HCA still used \
+             them; {fate}",
+            self.qp_num, self.opcode, self.status, self.wqe
+        ))
+    }
+}
+
 pub(crate) struct CqShared {
     pub(crate) handle: CqHandle,
     state: RefCell<CqState>,
@@ -65,6 +137,8 @@ pub(crate) struct CqShared {
     /// Where the queues whose sends complete here park WRs. Borrowed by a queue with its own state borrowed
     /// (queue -> pool), never the other way, and never across a callback or a call into another object.
     pub(crate) pool: RefCell<BacklogPool>,
+    /// Completions of its queues that came out of RC order (`Cq::out_of_order`).
+    out_of_order: Cell<OutOfOrder>,
 }
 
 /// `IBV_EVENT_CQ_ERR`, the one `enum ibv_event_type` value of a CQ (`Cq::on_async_event`).
@@ -179,8 +253,19 @@ impl Cq {
                 posted: Cell::new(0),
                 lock: thread_safe.then(|| Arc::new(CqLock::new(()))),
                 pool: RefCell::new(BacklogPool::default()),
+                out_of_order: Cell::new(OutOfOrder::default()),
             }),
         }
+    }
+
+    /// The completions of this CQ's queues that came out of RC order: how many, and the first one.
+    pub fn out_of_order(&self) -> OutOfOrder {
+        self.shared.out_of_order.get()
+    }
+
+    /// What the first completion out of RC order was and what the library did with it (`None` before any).
+    pub fn out_of_order_message(&self) -> Option<String> {
+        self.shared.out_of_order.get().describe()
     }
 
     /// The lock of a thread-safe CQ (`None` in the default single-threaded mode).
@@ -370,6 +455,13 @@ impl CqShared {
 
     /// Armed by `Cq::arm`, and not polled since.
     #[inline]
+    /// A queue met a completion out of RC order (`one`: that one alone).
+    pub(crate) fn note_out_of_order(&self, one: &OutOfOrder) {
+        let mut o = self.out_of_order.get();
+        o.add(one);
+        self.out_of_order.set(o);
+    }
+
     pub(crate) fn is_armed(&self) -> bool {
         self.armed.get()
     }

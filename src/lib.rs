@@ -41,10 +41,10 @@ pub use completion::{
     Completion, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_IMPLIED, SQD_COMPLETION_NEVER_POSTED, SQD_COMPLETION_RECV,
     SQD_COMPLETION_REFUSED, SQD_COMPLETION_REMOTE_INV,
 };
-pub use cq::{BacklogPoolStats, Cq, CqStats};
+pub use cq::{BacklogPoolStats, Cq, CqStats, OutOfOrder, SQD_OUT_OF_ORDER_SHOWN, SQD_OUT_OF_ORDER_ULP_WR};
 pub use error::{Error, Result};
 pub use srq::{Srq, SrqStats};
 pub use limits::{MAX_DEPTH, MAX_INLINE, MAX_SGE};
 pub use post_error::{PostError, RecvPostError};
-pub use queue::{Deferred, InvalidateMode, Queue, QueueConfig, QueueStats};
+pub use queue::{Deferred, InvalidateMode, OutOfOrderHook, Queue, QueueConfig, QueueStats};
 pub use release::{BatchHandler, ReleaseBatch, ReleaseHandler};

@@ -362,3 +362,113 @@ fn what_a_release_callback_defers_or_reads_is_seen_before_the_next_release() {
     assert_eq!(*events.borrow(), want);
     slot.borrow_mut().take();
 }
+
+/// The chain `[WRITE(B), WRITE(B), READ(B), WRITE(A)]` the provider refuses at the READ: `a_at` are the WRs of
+/// the chain whose SGE names MR A (100); the others name MR B (200). Returns after the post failed with 2 WRs
+/// accepted, MR A tracked since before the post.
+fn refused_partway(a_at: &[usize]) -> Rig<sqdisc::scripted::ScriptedDevice> {
+    let rig = Rig::new(config(16, 4, 8), 64);
+    rig.q().track_mr(100).unwrap();
+    rig.dev.refuse_opcode(rig.qp, WR_RDMA_READ, libc::EINVAL).unwrap();
+    let mut c = [WR_RDMA_WRITE, WR_RDMA_WRITE, WR_RDMA_READ, WR_RDMA_WRITE]
+        .iter()
+        .enumerate()
+        .fold(Chain::new(), |c, (i, &op)| c.push(i as u64, op, 0, &[64]));
+    for (i, sges) in c.sges.iter_mut().enumerate() {
+        sges[0].lkey = if a_at.contains(&i) { 100 } else { 200 };
+    }
+    assert_eq!(rig.post(&mut c), Err((libc::EINVAL, Some(2))));
+    assert_eq!(rig.q().stats().accepted, 2);
+    rig
+}
+
+/// After a post the provider refused partway, the uses of a tracked MR are those of the WRs it accepted: a
+/// deferred action (or deregistration) on the MR waits for exactly those, never for the WRs it refused or that
+/// came after them.
+#[test]
+fn a_tracked_mr_counts_only_the_uses_the_provider_accepted() {
+    // (WRs naming MR A, releases the action waits for)
+    for (a_at, want) in [(&[3][..], 0usize), (&[2, 3][..], 0), (&[0][..], 1), (&[0, 3][..], 1), (&[1, 2][..], 2)] {
+        let rig = refused_partway(a_at);
+        let fired: Rc<RefCell<Vec<usize>>> = Rc::default();
+        let (f, log) = (fired.clone(), rig.log.clone());
+        rig.q().defer_mr(100, Deferred::Closure(Box::new(move || f.borrow_mut().push(log.borrow().len())))).unwrap();
+        for _ in 0..4 {
+            rig.complete(usize::MAX);
+            rig.poll_all();
+        }
+        assert_eq!(rig.released_ids(), vec![0, 1]);
+        assert_eq!(*fired.borrow(), vec![want], "MR A used by WRs {a_at:?}: runs after {want} releases");
+    }
+    // The same for a deferred deregistration.
+    let rig = refused_partway(&[3]);
+    let ctx = rig.dev.context();
+    replace_dereg(ctx);
+    DEREGS.with(|d| d.borrow_mut().clear());
+    // SAFETY: all-zero is a valid `ibv_mr`.
+    let mut mr: rdma_sys::ibv_mr = unsafe { std::mem::zeroed() };
+    mr.context = ctx;
+    mr.lkey = 100;
+    // SAFETY: `mr` outlives the queue's use of it (it runs at once).
+    rig.q().defer_teardown(Some(100), unsafe { Teardown::dereg_mr(&mut mr) }).unwrap();
+    assert_eq!(DEREGS.with(|d| d.borrow().clone()), vec![100], "no WR the provider accepted uses it: at once");
+    assert_eq!(rig.q().stats().tracked_mrs, 0);
+    // SAFETY: no MR of the scripted device goes to the library's deregistration after this.
+    unsafe { device::unregister(ctx) }.unwrap();
+}
+
+/// SQ depth 4, backlog `backlog`: SENDs 0..4 fill the SQ, a READ (4, which the provider refuses) and SEND 5 are
+/// parked; WR 0's CQE frees a slot, the pump meets the refused READ and stops there: one SQ slot is free while
+/// the backlog holds READ 4 and SEND 5.
+fn a_refused_wr_heads_the_backlog(backlog: u32) -> Rig<sqdisc::scripted::ScriptedDevice> {
+    let rig = Rig::new(config(4, 1, backlog), 64);
+    rig.post(&mut Chain::sends(0..4, 0)).unwrap();
+    rig.dev.refuse_opcode(rig.qp, WR_RDMA_READ, libc::EINVAL).unwrap();
+    rig.post(&mut Chain::new().push(4, WR_RDMA_READ, 0, &[64]).push(5, WR_SEND, 0, &[64])).unwrap();
+    rig.complete(1);
+    rig.poll_all();
+    let st = rig.q().stats();
+    assert_eq!((st.released, st.credits, st.backlog, st.accepted), (1, 1, 2, 6));
+    rig
+}
+
+/// A fenced LocalInv goes behind the WRs already parked (posting it ahead of them would invalidate the key
+/// before WRs accepted earlier ran): it is parked when the backlog has room, else refused with `EAGAIN`, as
+/// when no SQ slot is free. Either way it never reports before every WR accepted before it.
+#[test]
+fn a_fenced_local_inv_goes_behind_parked_wrs_or_is_refused_when_the_backlog_is_full() {
+    let rig = a_refused_wr_heads_the_backlog(2);
+    let (done, handler) = done_log();
+    let e = rig.q().invalidate(0x77, InvalidateMode::Fenced, 9, Some(handler)).unwrap_err();
+    assert_eq!(e.errno(), libc::EAGAIN, "{}", e.message());
+    assert_eq!(rig.q().stats().accepted, 6, "not taken");
+    for _ in 0..6 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(rig.released_ids(), (0..6).collect::<Vec<_>>());
+    assert!(done.borrow().is_empty(), "a refused invalidation never reports");
+    assert!(local_invs(&rig).is_empty());
+
+    // With room in the backlog it is parked behind READ 4 and SEND 5, and reports after all six.
+    let rig = a_refused_wr_heads_the_backlog(3);
+    let log = rig.log.clone();
+    let order: Rc<RefCell<Vec<usize>>> = Rc::default();
+    let o = order.clone();
+    let handler = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
+        assert_eq!((c.wr_id, c.status), (9, WC_SUCCESS));
+        o.borrow_mut().push(log.borrow().len());
+    }));
+    rig.q().invalidate(0x77, InvalidateMode::Fenced, 9, Some(handler)).unwrap();
+    let st = rig.q().stats();
+    assert_eq!((st.accepted, st.backlog), (7, 3), "parked");
+    assert!(local_invs(&rig).is_empty(), "not posted ahead of the parked WRs");
+    for _ in 0..6 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    assert_eq!(rig.released_ids(), (0..6).collect::<Vec<_>>());
+    assert_eq!(*order.borrow(), vec![6], "reported once, after every earlier WR");
+    assert_eq!(local_invs(&rig), vec![(0x77, SIGNALED | FENCE)]);
+    rig.assert_no_violations();
+}

@@ -595,3 +595,27 @@ fn one_poll_reaps_at_most_a_full_cq_beyond_its_room_while_callbacks_keep_posting
     assert!(calls > STOP / (CQE as u64 + 1), "{calls} polls reaped {STOP} CQEs");
     slot.borrow_mut().take();
 }
+
+/// `signal_interval` 0 picks `max(1, sq_depth / 4)`: below an SQ depth of 8 that is 1, which signals every WR,
+/// so such a queue never posts a marker and reserves what an explicit 1 does: `sq_depth` CQEs, not one more.
+#[test]
+fn a_default_interval_that_comes_to_1_reserves_what_an_explicit_1_does() {
+    for depth in [1u32, 4, 7] {
+        let explicit = Rig::new(config(depth, 1, 0), 64);
+        let default = Rig::new(config(depth, 0, 0), 64);
+        assert_eq!(explicit.cq.stats().reserved, u64::from(depth));
+        assert_eq!(default.cq.stats().reserved, u64::from(depth), "sq_depth {depth}, signal_interval 0");
+        // Every WR is signaled: no tail, no marker, everything released.
+        default.post(&mut Chain::sends(0..u64::from(depth), 0)).unwrap();
+        for _ in 0..3 {
+            default.complete(usize::MAX);
+            default.poll_all();
+        }
+        assert_eq!(default.released_ids(), (0..u64::from(depth)).collect::<Vec<_>>());
+        assert_eq!(default.q().stats().markers, 0);
+        default.q().drain().unwrap();
+        assert_eq!(default.q().stats().markers, 0, "the drain needs no marker either");
+    }
+    // From 8 on the default is above 1: the marker's CQE is reserved.
+    assert_eq!(Rig::new(config(8, 0, 0), 64).cq.stats().reserved, 9);
+}

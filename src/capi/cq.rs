@@ -8,7 +8,7 @@ use rdma_sys::{ibv_cq, ibv_wc};
 
 use super::handle::{self, sqd_cq, HandlePtr};
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::cq::{BacklogPoolStats, Cq, CqStats};
+use crate::cq::{BacklogPoolStats, Cq, CqStats, OutOfOrder};
 use crate::verbs::CqHandle;
 use crate::Error;
 
@@ -101,6 +101,16 @@ pub extern "C" fn sqd_cq_free(cq: *mut sqd_cq) -> i32 {
 /// at once by `sqd_cq_arm` or, while the CQ is armed, by its post call, and is released when that WQE's CQE is
 /// polled.
 ///
+/// A provider that completes a QP's send WQEs out of RC order breaks what the library builds on: the CQE of a
+/// WQE retires every earlier WQE of its QP, and those WRs are released then. When a CQE then arrives for such
+/// an earlier WQE (its own completion came after a later one's), the library shows it with the WR's `wr_id` if
+/// you signaled that WR and its completion was not shown before, since that is the completion you wait for;
+/// otherwise it drops it (counted in `sqd_cq_stats.stray` and `sqd_queue_stats.stray_cqes`). An error status
+/// fails the queue, as any error completion does. It counts every such completion and keeps the first one's
+/// QP number, WQE, `wr_id`, opcode and status in `sqd_cq_out_of_order`, described once in
+/// `sqd_cq_out_of_order_message`. The WR was already released when the later completion came: on such a
+/// provider a release does not prove the HCA is done with the WR's buffers.
+///
 /// Callbacks may post, defer and poll other CQs; calling `sqd_cq_poll` on this same CQ from one of them
 /// returns `-EBUSY`. One call reaps at most a full CQ (its capacity) of CQEs beyond `max`, so callbacks that
 /// keep posting cannot hold it forever: it may then return fewer than `max` while CQEs remain (poll again).
@@ -179,6 +189,47 @@ pub extern "C" fn sqd_cq_stats(cq: *const sqd_cq, out: *mut CqStats) -> i32 {
         let out = try_mut!(out, "out");
         *out = cq.stats();
         status(Ok(()))
+    })
+}
+
+/// Copies into `*out` how many completions of the CQ's queues came out of RC order (see `sqd_cq_poll`) and
+/// what the first one was: its QP number, WQE, `wr_id`, opcode, status and `SQD_OUT_OF_ORDER_*` flags. All
+/// zero while none did. Returns 0 or `-EINVAL` (NULL argument).
+#[no_mangle]
+pub extern "C" fn sqd_cq_out_of_order(cq: *const sqd_cq, out: *mut OutOfOrder) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        let out = try_mut!(out, "out");
+        *out = cq.out_of_order();
+        0
+    })
+}
+
+/// Copies the description of the CQ's first completion out of RC order (see `sqd_cq_poll`: which QP and WQE,
+/// and what the library did with it) into `buf`, as a NUL-terminated string cut to `len - 1` bytes; nothing is
+/// written when `len` is 0. The description stays that of the first one; `sqd_cq_out_of_order` counts them.
+///
+/// Returns the length of the whole description (without the NUL; 0 and an empty string while none came out of
+/// order), or `-EINVAL` (NULL `cq`, NULL `buf` with `len` > 0).
+#[no_mangle]
+pub extern "C" fn sqd_cq_out_of_order_message(cq: *const sqd_cq, buf: *mut std::ffi::c_char, len: usize) -> i32 {
+    ffi_boundary!({
+        let cq = try_ref!(cq.object(), "cq");
+        let _held = cq.lock().map(|l| l.lock());
+        if buf.is_null() && len > 0 {
+            return fail(&Error::invalid("buf is NULL and len is not 0"));
+        }
+        let text = cq.out_of_order_message().unwrap_or_default();
+        if len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: the caller promises `buf` holds `len` writable bytes; `n < len`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        i32::try_from(text.len()).unwrap_or(i32::MAX)
     })
 }
 
@@ -290,8 +341,8 @@ pub struct QueuePlan {
 }
 
 /// The CQ depth (`cqe` to ask `ibv_create_cq` for) that lets every queue of `plans` attach: the sum of what each
-/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue with `signal_interval`
-/// 1, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
+/// reserves (`sq_depth + 1` for its sends, `rq_depth` for its receives; one less for a queue whose interval in
+/// force is 1, `signal_interval` 1 or 0 below an `sq_depth` of 8, so the sum is then one more than it needs). Compare with the device's `max_cqe`: a CQ the device clamps
 /// below it would refuse some queues with `-ENOSPC`. It counts no SRQ: when queues receive through managed SRQs
 /// on the CQ, use `sqd_cq_depth_for_srqs`.
 ///

@@ -68,7 +68,8 @@ pub struct QueueAttr {
     pub max_inline_data: u32,
     /// The QP's `max_recv_wr` when its receives complete on a managed CQ (`recv_cq`), else 0. At most 1048576.
     pub rq_depth: u32,
-    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. At most sq_depth.
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`, which is 1 (every
+    /// WR signaled, as with an explicit 1) below an `sq_depth` of 8. At most sq_depth.
     pub signal_interval: u32,
     /// How many WRs may wait in the software backlog when the SQ has no free slot; 0 makes such posts fail
     /// with `-EAGAIN`. At most 1048576. The copies of the waiting WRs are kept in the send CQ's backlog pool,
@@ -93,8 +94,9 @@ pub struct QueueAttr {
 /// `rq_depth` 0 to post receives yourself on a CQ the library does not manage.
 ///
 /// The queue reserves its worst case on each CQ: `sq_depth + 1` on the send CQ (every outstanding WR flushes
-/// with its own CQE on QP error, plus a drain marker; `sq_depth` alone with `signal_interval` 1, which signals
-/// every WR and so never needs a marker) and `rq_depth` on the receive CQ. If that does not fit in what the CQ
+/// with its own CQE on QP error, plus a drain marker; `sq_depth` alone when the interval in force is 1, which
+/// signals every WR and so never needs a marker: `signal_interval` 1, or 0 with `sq_depth` below 8) and
+/// `rq_depth` on the receive CQ. If that does not fit in what the CQ
 /// has left, it fails with `-ENOSPC` and `sqd_last_error()` names the numbers.
 ///
 /// Its storage is allocated here, once (`sqd_queue_stats.bytes`): a slot record per SQ (and RQ) slot, and with
@@ -403,8 +405,9 @@ pub extern "C" fn sqd_queue_stats(q: *const sqd_queue, out: *mut QueueStats) -> 
 /// before this call: a LocalInv is not ordered behind earlier WRs (IBA Table 79, 'L'), so posting it at once
 /// could invalidate keys an earlier, not yet acknowledged WR still needs for a retransmission. With
 /// `SQD_INVALIDATE_FENCE` it is posted now with `IBV_SEND_FENCE` (the Local Invalidate Fence), for devices
-/// that honour it. Either way it is signaled and its completion is not shown by `sqd_cq_poll`; `done` (may be
-/// NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
+/// that honour it; when no SQ slot is free, or WRs accepted earlier wait in the backlog (it never overtakes
+/// them), it is parked behind them and posted, fenced, in post order. Either way it is signaled and its
+/// completion is not shown by `sqd_cq_poll`; `done` (may be NULL) then receives `wr_id`, opcode `IBV_WC_LOCAL_INV` and the status (`IBV_WC_WR_FLUSH_ERR` with
 /// `SQD_COMPLETION_NEVER_POSTED` if the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
 /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` if the provider's
 /// `post_send` refused the LocalInv). Once `done` reports success, no
@@ -420,8 +423,9 @@ pub extern "C" fn sqd_queue_stats(q: *const sqd_queue, out: *mut QueueStats) -> 
 /// state allocates nothing.
 ///
 /// Returns 0, or `-EINVAL` (NULL `q`, unknown flags), `-EIO` (the queue failed or is draining), `-EAGAIN`
-/// (fenced, and neither an SQ slot nor backlog room: the queue's backlog is full, or the send CQ's backlog
-/// pool is at its limit), `-ENOMEM` (no room to record it could be allocated:
+/// (fenced, it cannot be posted now, since no SQ slot is free or WRs wait in the backlog, and cannot be
+/// parked: the queue's backlog is full, or the send CQ's backlog pool is at its limit; nothing is recorded and
+/// `done` is not called), `-ENOMEM` (no room to record it could be allocated:
 /// nothing is posted and `done` is not called).
 #[no_mangle]
 pub extern "C" fn sqd_invalidate(q: *mut sqd_queue, rkey: u32, wr_id: u64, flags: u32, done: ReleaseFn, done_ctx: *mut c_void) -> i32 {

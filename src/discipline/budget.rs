@@ -4,6 +4,7 @@
 //! sends is its SQ depth; receives completing on the CQ add the RQ depth; one more CQE is kept for a drain
 //! marker (as the kernel's drain does).
 
+use super::signal::interval_in_force;
 use crate::error::{Error, Result};
 
 /// CQEs a queue reserves on one CQ.
@@ -18,17 +19,17 @@ pub fn reservation(sq_depth: u32, rq_depth: u32, sends_here: bool, recvs_here: b
     need
 }
 
-/// Whether a queue configured with `signal_interval` may post a WQE of its own that its CQ must have room for
-/// (an idle-tail or drain marker): not with an interval of 1, which signals every WR, so that no unsignaled
-/// tail can exist.
-pub fn posts_markers(signal_interval: u32) -> bool {
-    signal_interval != 1
+/// Whether a queue of `sq_depth` configured with `signal_interval` may post a WQE of its own that its CQ must
+/// have room for (an idle-tail or drain marker): not when the interval in force is 1 (an explicit 1, or 0 below
+/// an SQ depth of 8), which signals every WR, so that no unsignaled tail can exist.
+pub fn posts_markers(sq_depth: u32, signal_interval: u32) -> bool {
+    interval_in_force(sq_depth, signal_interval) != 1
 }
 
 /// CQEs a queue's sends reserve on their CQ: `reservation`'s, less the marker's when it posts none
 /// (`posts_markers`).
 pub fn send_reservation(sq_depth: u32, signal_interval: u32) -> u64 {
-    reservation(sq_depth, 0, true, false) - u64::from(!posts_markers(signal_interval))
+    reservation(sq_depth, 0, true, false) - u64::from(!posts_markers(sq_depth, signal_interval))
 }
 
 /// The CQ depth a set of queues needs: the sum of their reservations. Counts no SRQ (see `cq_depth_for_srqs`).

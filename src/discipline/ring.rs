@@ -35,6 +35,9 @@ impl Slot {
     /// A receive whose SEND_WITH_INV invalidated an rkey; `vendor_err` holds that rkey (success CQEs have no
     /// vendor error).
     pub const REMOTE_INV: u8 = 32;
+    /// A late CQE of this WR (one that came after a later WQE's CQE had retired it) was shown to the ULP: a
+    /// second one is not (`SendState::on_stray_cqe`).
+    pub const LATE_SHOWN: u8 = 64;
 
     /// A pending slot: status 0 and vendor error 0 until its completion says otherwise.
     #[inline]

@@ -61,6 +61,22 @@ pub enum CqeOutcome {
     Stray,
     /// A CQE that arrived after the queue was abandoned (its WRs were already released): swallowed.
     Late,
+    /// A CQE of a WQE a later WQE's CQE already retired: the provider completed out of RC order
+    /// (`SendState::take_late_cqe` says which; kept out of this enum so that it stays two words).
+    OutOfOrder,
+}
+
+/// A CQE that names a WQE already retired by the CQE of a later one (`CqeOutcome::OutOfOrder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateCqe {
+    /// The WQE's sequence number.
+    pub seq: u64,
+    /// The ULP's wr_id of the WR (its index on an indexed queue), when the WQE was one of the ULP's WRs and the
+    /// ring still holds its slot; `None` for a WQE of the library's own or one too old to be known.
+    pub wr_id: Option<u64>,
+    /// Show the CQE to the ULP with `wr_id`: the ULP signaled the WR, and neither its own CQE nor a late one
+    /// was shown before.
+    pub show: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -162,6 +178,8 @@ pub struct SendState<T> {
     abandoned: bool,
     /// Once abandoned: the WQEs the provider held then whose CQE has not arrived since.
     late: LateWindow,
+    /// The CQE `on_cqe` last answered `CqeOutcome::OutOfOrder` for, until the queue takes it.
+    late_cqe: Option<LateCqe>,
     /// The queue notes every WR it accepts (tracked MRs, buffer verification): set by the queue.
     noting: bool,
     /// The ULP's WRs are named by their index (`SendLedger::wr_index`), not their wr_id, which the quiet
@@ -202,6 +220,7 @@ impl<T: Parked> SendState<T> {
             draining: false,
             abandoned: false,
             late: LateWindow::default(),
+            late_cqe: None,
             front_refused: None,
             noting: false,
             indexed: false,
@@ -623,8 +642,7 @@ impl<T: Parked> SendState<T> {
                 self.late.on_cqe(token);
                 return CqeOutcome::Late;
             }
-            self.counters.stray_cqes += 1;
-            return CqeOutcome::Stray;
+            return self.on_stray_cqe(token, status, vendor_err);
         }
         self.counters.cqes += 1;
         let slot = self.ledger.ring.get(seq);
@@ -637,6 +655,53 @@ impl<T: Parked> SendState<T> {
         } else {
             CqeOutcome::Visible { wr_id: if self.indexed { self.index_of(seq) } else { slot.wr_id } }
         }
+    }
+
+    /// A send CQE that names no pending WQE: a stray, or the CQE of a WQE that a later WQE's CQE already
+    /// retired (the provider completed out of RC order). Such a WQE is identified while the ring still holds its
+    /// slot (its sequence is within one ring of the newest); its WR was released when the later CQE retired it.
+    /// The CQE is shown to the ULP, once, when the ULP signaled the WR: that is the completion it waits for,
+    /// which the later CQE retired without showing. An error status fails the queue as any error CQE does.
+    #[cold]
+    #[inline(never)]
+    fn on_stray_cqe(&mut self, token: Token, status: u8, vendor_err: u32) -> CqeOutcome {
+        let ring = &self.ledger.ring;
+        let Some(seq) = token.seq_before(ring.done()).filter(|&s| s + ring.capacity() as u64 >= ring.head()) else {
+            self.counters.stray_cqes += 1;
+            return CqeOutcome::Stray;
+        };
+        let slot = ring.get(seq);
+        let ulp = !slot.has(Slot::INTERNAL | Slot::OP);
+        let wr_id = ulp.then(|| if self.indexed { self.index_before(seq) } else { slot.wr_id });
+        let show = ulp && slot.has(Slot::ULP_SIGNALED) && !slot.has(Slot::OWN_CQE | Slot::LATE_SHOWN);
+        if show {
+            ring.update(seq, |s| s.add_flags(Slot::LATE_SHOWN));
+        } else {
+            self.counters.stray_cqes += 1;
+        }
+        if status != WC_SUCCESS {
+            self.note_failure(status, vendor_err);
+        }
+        self.late_cqe = Some(LateCqe { seq, wr_id, show });
+        CqeOutcome::OutOfOrder
+    }
+
+    /// What the CQE `on_cqe` just answered `CqeOutcome::OutOfOrder` for was.
+    pub fn take_late_cqe(&mut self) -> Option<LateCqe> {
+        self.late_cqe.take()
+    }
+
+    /// The index of the ULP's WR at `seq`, a WQE already complete (released or not) whose slot the ring still
+    /// holds. For a released one, counted back from the releases: a parked WR the provider refused, released
+    /// after `seq` without a ring slot, is not counted, so the index is then too high by one per such WR.
+    fn index_before(&self, seq: u64) -> u64 {
+        let ring = &self.ledger.ring;
+        let tail = ring.tail();
+        if seq >= tail {
+            return self.index_of(seq);
+        }
+        let between = (seq..tail).filter(|&s| !ring.get(s).has(Slot::INTERNAL | Slot::OP)).count() as u64;
+        self.ledger.wr_index() - between
     }
 
     /// Records an error CQE's status as the queue's failure: the first one, unless it was a flush and this is

@@ -5,6 +5,16 @@
 //! An unsignaled tail left when the ULP stops posting is covered by the queue's idle-tail marker (see
 //! `Queue`), not here: this policy only counts.
 
+/// The interval a queue of `sq_depth` configured with `signal_interval` signals at: 0 picks
+/// `max(1, sq_depth / 4)`.
+pub fn interval_in_force(sq_depth: u32, signal_interval: u32) -> u32 {
+    if signal_interval == 0 {
+        (sq_depth / 4).max(1)
+    } else {
+        signal_interval
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SignalPolicy {
     interval: u32,

@@ -64,11 +64,32 @@ impl Token {
     pub fn seq_from(self, base: u64) -> u64 {
         base + ((self.0.wrapping_sub(base)) & SEQ_MASK)
     }
+
+    /// The newest sequence number below `base` whose low bits match, if there is one: for a CQE that names a
+    /// WQE already retired.
+    #[inline]
+    pub fn seq_before(self, base: u64) -> Option<u64> {
+        let back = base.wrapping_sub(self.0) & SEQ_MASK;
+        (back != 0 && back <= base).then(|| base - back)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seq_before_finds_a_retired_sequence() {
+        let t = |s: u64| Token::new(3, Direction::Send, s);
+        assert_eq!(t(5).seq_before(9), Some(5));
+        assert_eq!(t(8).seq_before(9), Some(8));
+        assert_eq!(t(9).seq_before(9), None, "not below base");
+        assert_eq!(t(12).seq_before(9), None, "never before base");
+        assert_eq!(t(0).seq_before(0), None);
+        let base = SEQ_MASK + 10;
+        assert_eq!(t(SEQ_MASK).seq_before(base), Some(SEQ_MASK));
+        assert_eq!(t(3).seq_before(base), Some(SEQ_MASK + 4));
+    }
 
     #[test]
     fn round_trip() {

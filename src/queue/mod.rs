@@ -7,6 +7,7 @@ use crate::attach::{AttachedQueue, CqeFate, IdleCheck};
 use crate::completion::Completion;
 use crate::cq::{Cq, CqShared};
 use crate::discipline::budget::{posts_markers, reservation, send_reservation};
+use crate::discipline::signal::interval_in_force;
 use crate::discipline::check::Limits;
 use crate::discipline::late::RetiredQueue;
 use crate::discipline::opcode::SEND_INLINE;
@@ -37,8 +38,9 @@ pub struct QueueConfig {
     pub max_inline_data: u32,
     /// The QP's `max_recv_wr` when receives complete on a managed CQ (`recv_cq`), else 0.
     pub rq_depth: u32,
-    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. With 1 every WR is
-    /// signaled, so the queue never posts a marker and reserves no CQE for one.
+    /// At most `signal_interval - 1` unsignaled WRs in a row; 0 picks `max(1, sq_depth / 4)`. With 1 (given, or
+    /// picked by 0 below an `sq_depth` of 8) every WR is signaled, so the queue never posts a marker and
+    /// reserves no CQE for one.
     pub signal_interval: u32,
     /// WRs parked while the SQ has no credit; 0 makes posts fail with `EAGAIN` instead.
     pub backlog_depth: u32,
@@ -88,6 +90,10 @@ enum Action {
     Teardown { teardown: Teardown, untrack: Option<u32> },
 }
 
+/// What `Queue::on_out_of_order` sets: called with the description of the queue's first completion out of RC
+/// order.
+pub type OutOfOrderHook = Box<dyn Fn(&str)>;
+
 /// An MR whose uses the queue tracks precisely (see `Queue::track_mr`).
 struct TrackedMr {
     lkey: u32,
@@ -101,7 +107,8 @@ struct TrackedMr {
 pub enum InvalidateMode {
     /// Posted only once a CQE covers every WR accepted before the request (works on every device).
     Deferred,
-    /// Posted at once with `IBV_SEND_FENCE`: for devices that honour the Local Invalidate Fence.
+    /// Posted at once with `IBV_SEND_FENCE` (or parked behind WRs already parked): for devices that honour the
+    /// Local Invalidate Fence.
     Fenced,
 }
 
@@ -218,6 +225,8 @@ struct QueueState {
     doorbells: u64,
     /// What the provider refused last, after the queue had accepted it (see `Queue::last_refusal`).
     last_refusal: Option<String>,
+    /// Completions of this queue that came out of RC order (`Queue::out_of_order`).
+    out_of_order: crate::cq::OutOfOrder,
 }
 
 pub(crate) struct QueueShared {
@@ -269,6 +278,8 @@ pub(crate) struct QueueShared {
     srq: Option<Rc<SrqShared>>,
     /// When `IBV_EVENT_QP_LAST_WQE_REACHED` was reported: the receive CQ's count of empty polls then.
     last_wqe_at: Cell<Option<u64>>,
+    /// Called with the description of the queue's first completion out of RC order (`Queue::on_out_of_order`).
+    out_of_order_hook: Cell<Option<OutOfOrderHook>>,
 }
 
 /// A queue's batch handler and the array its batches' wr_ids are gathered in (one slot per ring slot: a batch
@@ -393,7 +404,7 @@ impl Queue {
                 c.signal_interval, c.sq_depth
             )));
         }
-        let interval = if c.signal_interval == 0 { (c.sq_depth / 4).max(1) } else { c.signal_interval };
+        let interval = interval_in_force(c.sq_depth, c.signal_interval);
         if !std::ptr::eq(qp.send_cq(), send_cq.shared.handle.as_ptr()) {
             return Err(Error::invalid(format!(
                 "the QP's send CQ ({:p}) is not the CQ given as send_cq ({:p})",
@@ -457,7 +468,7 @@ impl Queue {
         let recvs = reservation(0, c.rq_depth, false, recv_cq.is_some());
         let sends = send_reservation(c.sq_depth, c.signal_interval);
         let (send_need, recv_need) = if same_cq { (sends + recvs, 0) } else { (sends, recvs) };
-        let marker = if posts_markers(c.signal_interval) { "1 drain marker" } else { "every WR signaled, no marker" };
+        let marker = if posts_markers(c.sq_depth, c.signal_interval) { "1 drain marker" } else { "every WR signaled, no marker" };
         let what = if same_cq {
             format!("sq_depth {} + rq_depth {} + {marker}", c.sq_depth, c.rq_depth)
         } else {
@@ -537,6 +548,7 @@ impl Queue {
                 verify_mismatches: 0,
                 doorbells: 0,
                 last_refusal: None,
+                out_of_order: crate::cq::OutOfOrder::default(),
             }),
             posted_cycle: Cell::new(u64::MAX),
             watched: Cell::new(false),
@@ -545,6 +557,7 @@ impl Queue {
             batcher: std::cell::OnceCell::new(),
             srq: srq.map(|s| s.shared.clone()),
             last_wqe_at: Cell::new(None),
+            out_of_order_hook: Cell::new(None),
         });
         shared.send_cq.install(send_index, &shared);
         if let Some(r) = &shared.recv_cq {
@@ -642,7 +655,8 @@ impl Queue {
     /// receives a `Completion` with `wr_id`, opcode `IBV_WC_LOCAL_INV` and its status (`IBV_WC_WR_FLUSH_ERR` and
     /// `SQD_COMPLETION_NEVER_POSTED` when the queue failed or drained first; `IBV_WC_LOC_QP_OP_ERR` with
     /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` when the provider
-    /// refused it).
+    /// refused it). A fenced LocalInv that cannot be posted now (no free slot, or WRs parked before it) is
+    /// parked behind them; `EAGAIN` when it cannot be parked either (the backlog or the CQ's pool is full).
     pub fn invalidate(&self, rkey: u32, mode: InvalidateMode, wr_id: u64, done: Option<ReleaseHandler>) -> Result<()> {
         self.shared.invalidate(rkey, mode, wr_id, done)
     }
@@ -744,6 +758,19 @@ impl Queue {
 
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num()
+    }
+
+    /// The completions of this queue's sends that came out of RC order: how many, and the first one (as
+    /// [`Cq::out_of_order`] keeps for all the queues of the send CQ).
+    pub fn out_of_order(&self) -> crate::cq::OutOfOrder {
+        self.shared.state.borrow().out_of_order
+    }
+
+    /// Sets what is called, once, with the description of this queue's first completion out of RC order (as
+    /// [`Cq::out_of_order_message`] gives it), from within the poll that met it; replaces an earlier hook. The
+    /// hook may not poll the CQ (`EBUSY`, as from a release callback).
+    pub fn on_out_of_order(&self, hook: OutOfOrderHook) {
+        self.shared.out_of_order_hook.set(Some(hook));
     }
 
     /// The lock of the queue's (thread-safe) CQ, if any.
@@ -1013,10 +1040,28 @@ impl QueueState {
         self.send.set_noting(noting);
     }
 
-    /// Bookkeeping for the WR just accepted: the tracked MRs its SGEs name, and its checksums when verifying.
+    /// Bookkeeping for the WR just accepted and parked: the tracked MRs its SGEs name, and its checksums when
+    /// verifying.
     #[inline]
     fn note_accepted(&mut self, w: WrPtr<'_>, send_flags: u32) {
         let now = self.send.accepted();
+        self.note_uses(w, send_flags, now);
+        self.note_buffers(w);
+    }
+
+    /// The checksums of the WR just accepted, when verifying. A WR posted now has its uses of tracked MRs
+    /// noted once the provider took it (`note_posted`).
+    #[inline]
+    fn note_buffers(&mut self, w: WrPtr<'_>) {
+        let now = self.send.accepted();
+        if let Some(v) = &mut self.verify {
+            v.record(now - 1, w);
+        }
+    }
+
+    /// The tracked MRs `w`'s SGEs name are used up to `now` (`accepted` right after `w`).
+    #[inline]
+    fn note_uses(&mut self, w: WrPtr<'_>, send_flags: u32, now: u64) {
         if !self.tracked.is_empty() && send_flags & SEND_INLINE == 0 {
             for sge in w.sges() {
                 if let Some(t) = self.tracked.iter_mut().find(|t| t.lkey == sge.lkey) {
@@ -1024,8 +1069,22 @@ impl QueueState {
                 }
             }
         }
-        if let Some(v) = &mut self.verify {
-            v.record(now - 1, w);
+    }
+
+    /// The provider took the first `posted` WRs of a run of `len` that begins at `first`, all of them the
+    /// ULP's and the newest accepted (before the rest is rolled back): their uses of tracked MRs are noted.
+    /// Noted only now, so that a WR the provider refused never counts as a use.
+    pub(super) fn note_posted(&mut self, first: WrPtr<'_>, len: u32, posted: u32) {
+        if self.tracked.is_empty() {
+            return;
+        }
+        let base = self.send.accepted() - u64::from(len);
+        let mut w = first;
+        for i in 0..posted {
+            self.note_uses(w, w.send_flags(), base + u64::from(i) + 1);
+            if i + 1 < posted {
+                w = w.next().expect("run is linked");
+            }
         }
     }
 
@@ -1040,14 +1099,6 @@ impl QueueState {
             format!("the parked WR wr_id {id:#x}")
         };
         self.last_refusal = Some(refusal_message(&what, errno));
-    }
-
-    /// The provider refused WRs: uses recorded for them point past what is accepted now.
-    fn forget_refused(&mut self) {
-        let now = self.send.accepted();
-        for t in &mut self.tracked {
-            t.last_use = t.last_use.min(now);
-        }
     }
 
     /// Stores a pending operation; `ENOMEM` if its record cannot be allocated. `free_ops` keeps room for every

@@ -35,15 +35,21 @@ impl QueueShared {
             if let Some(c) = st.send.closed() {
                 return Err(closed_error(c));
             }
-            if fence && st.send.credits() == 0 {
+            // A fenced LocalInv that cannot be posted now (no SQ slot, or WRs already parked: it goes behind
+            // them, as `admit_op` decides) is parked; with no room to park it, it is refused, so that it is never
+            // left waiting where a drain could report it before the WRs accepted ahead of it.
+            if fence && st.send.postable() == 0 {
+                let why = if st.send.credits() == 0 { "no SQ credit" } else { "WRs wait in the backlog" };
                 if st.send.backlog_len() == st.send.backlog_capacity() {
-                    return Err(Error::new(libc::EAGAIN, "no SQ credit and no backlog room for the fenced LocalInv"));
+                    return Err(Error::new(libc::EAGAIN, format!("{why} and no backlog room for the fenced LocalInv")));
                 }
                 if !self.send_cq.pool.borrow().has_room() {
                     return Err(Error::new(
                         libc::EAGAIN,
-                        "no SQ credit for the fenced LocalInv, and the send CQ's backlog pool is at its limit \
-                         (sqd_cq_set_backlog_limit)",
+                        format!(
+                            "{why} for the fenced LocalInv, and the send CQ's backlog pool is at its limit \
+                             (sqd_cq_set_backlog_limit)"
+                        ),
                     ));
                 }
             }

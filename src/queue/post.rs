@@ -450,7 +450,8 @@ impl QueueShared {
             match admitted {
                 Admit::Post { seq, signaled } => {
                     if note {
-                        st.note_accepted(w, shape.send_flags);
+                        // Its uses of tracked MRs are noted once the provider took it (`flush_run`).
+                        st.note_buffers(w);
                     }
                     if run.len == 0 {
                         run.first = w;
@@ -566,8 +567,17 @@ impl QueueShared {
     }
 
     /// Posts `run` (whose successor in the ULP's chain is `cut`) with one doorbell, then restores its WRs.
+    /// On a queue that notes its WRs, the tracked MRs the WRs the provider took use are noted here.
     fn flush_run<'a>(&self, st: &mut QueueState, run: Run<'a>, cut: Option<WrPtr<'a>>) -> std::result::Result<(), PostError<'a>> {
-        match self.post_run(st, run, cut) {
+        let r = self.post_run(st, run, cut);
+        if st.send.noting() {
+            let posted = match &r {
+                Ok(()) => run.len,
+                Err(f) => f.posted as u32,
+            };
+            st.note_posted(run.first, run.len, posted);
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(f) => Err(self.run_refused(st, run, f)),
         }
@@ -614,7 +624,6 @@ impl QueueShared {
     #[inline(never)]
     fn run_refused<'a>(&self, st: &mut QueueState, run: Run<'a>, f: PostFailure) -> PostError<'a> {
         st.send.rollback(run.len as u64 - f.posted as u64, true);
-        st.forget_refused();
         let mut bad = run.first;
         for _ in 0..f.posted {
             bad = bad.next().expect("run is linked");

@@ -4,7 +4,8 @@
 use crate::attach::CqeFate;
 use crate::completion::Completion;
 use crate::discipline::ring::{copy_alike_wr_ids, copy_wr_ids, count_alike};
-use crate::discipline::send::CqeOutcome;
+use crate::cq::{OutOfOrder, SQD_OUT_OF_ORDER_SHOWN, SQD_OUT_OF_ORDER_ULP_WR};
+use crate::discipline::send::{CqeOutcome, LateCqe};
 use crate::discipline::Slot;
 use crate::discipline::token::{Direction, Token};
 use crate::release::{ReleaseHandler, call};
@@ -36,6 +37,11 @@ impl QueueShared {
                     CqeOutcome::Visible { wr_id } => CqeFate::Visible(wr_id),
                     CqeOutcome::Hidden | CqeOutcome::Late => CqeFate::Hidden,
                     CqeOutcome::Stray => return CqeFate::Stray,
+                    CqeOutcome::OutOfOrder => {
+                        let late = st.send.take_late_cqe().expect("on_cqe kept the late CQE");
+                        drop(st);
+                        return self.on_out_of_order(late, token, status, vendor_err, wc_opcode);
+                    }
                 },
                 Direction::Recv => match st.recv.as_mut() {
                     Some(r) => match r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv) {
@@ -49,6 +55,47 @@ impl QueueShared {
         };
         self.run_releases();
         fate
+    }
+
+    /// A CQE of a WQE that a later WQE's CQE already retired (`SendState::on_stray_cqe`): recorded in the queue
+    /// and its send CQ, described once through the queue's hook, and shown when the ULP signaled the WR.
+    #[cold]
+    #[inline(never)]
+    fn on_out_of_order(&self, late: LateCqe, token: Token, status: u8, vendor_err: u32, wc_opcode: u8) -> CqeFate {
+        let one = OutOfOrder {
+            count: 1,
+            shown: u64::from(late.show),
+            wqe: late.seq,
+            wr_id: late.wr_id.unwrap_or(token.0),
+            qp_num: self.qp_num(),
+            opcode: u32::from(wc_opcode),
+            status: u32::from(status),
+            vendor_err,
+            flags: if late.wr_id.is_some() { SQD_OUT_OF_ORDER_ULP_WR } else { 0 }
+                | if late.show { SQD_OUT_OF_ORDER_SHOWN } else { 0 },
+            _reserved0: 0,
+        };
+        let first = {
+            let mut st = self.state.borrow_mut();
+            let first = st.out_of_order.count == 0;
+            st.out_of_order.add(&one);
+            first
+        };
+        self.send_cq.note_out_of_order(&one);
+        if first {
+            if let (Some(hook), Some(text)) = (self.out_of_order_hook.take(), one.describe()) {
+                hook(&text);
+                // Put back unless the hook set another.
+                let newer = self.out_of_order_hook.take();
+                self.out_of_order_hook.set(newer.or(Some(hook)));
+            }
+        }
+        // An error status failed the queue: what that makes due is handed out now.
+        self.run_releases();
+        match late.wr_id {
+            Some(wr_id) if late.show => CqeFate::Visible(wr_id),
+            _ => CqeFate::Stray,
+        }
     }
 
     /// Hands out due releases and deferred actions in order, then posts parked WRs that now have credits. A

@@ -7,13 +7,33 @@ use std::sync::Once;
 use super::state::{lock, try_lock, State};
 
 static HOOKS: Once = Once::new();
+static EXIT_HOOK: Once = Once::new();
+
+/// Registers the exit hook, once per process.
+fn install_exit_hook() {
+    EXIT_HOOK.call_once(|| {
+        // SAFETY: `at_exit` is an `extern "C" fn()` that never unwinds (it catches panics).
+        unsafe { libc::atexit(at_exit) };
+    });
+}
+
+/// In the shared library, the exit hook is registered when the library is loaded, so that a program the
+/// checker never attaches to (one that uses no verbs, or only tracks objects) still gets its report.
+#[cfg(sqdisc_check_library)]
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[cfg(sqdisc_check_library)]
+extern "C" fn on_load() {
+    install_exit_hook();
+}
 
 /// Registers the exit hook and, unless `SQDISC_CHECK_SIGNALS=0`, the SIGINT/SIGTERM hooks (only for signals the
 /// program has not taken itself). Once per process.
 pub fn install_hooks() {
+    install_exit_hook();
     HOOKS.call_once(|| {
-        // SAFETY: `at_exit` is an `extern "C" fn()` that never unwinds (it catches panics).
-        unsafe { libc::atexit(at_exit) };
         let on_signal = lock().as_ref().is_some_and(|st| st.checker.cfg.on_signal);
         if on_signal {
             for sig in [libc::SIGINT, libc::SIGTERM] {
@@ -40,13 +60,26 @@ extern "C" fn at_exit() {
         let g = lock();
         if let Some(st) = g.as_ref() {
             if !st.off() {
-                let report = st.checker.log.report("exit");
+                let report = exit_report(st);
                 let path = st.checker.cfg.report_path.clone();
                 drop(g);
                 emit(path.as_deref(), &report);
             }
         }
     });
+}
+
+/// The report at exit: the findings, and a line saying so when no device context was ever attached (the
+/// program's posts and polls then went unwatched).
+fn exit_report(st: &State) -> String {
+    let mut report = st.checker.log.report("exit");
+    if st.contexts.is_empty() {
+        report.push_str(
+            "nothing watched: no device context was attached (no CQ or QP was made through libibverbs, and \
+             sqd_check_attach was not called), so no post or poll was checked\n",
+        );
+    }
+    report
 }
 
 extern "C" fn on_signal_handler(sig: c_int) {
@@ -110,4 +143,23 @@ pub fn write_to_fd(fd: c_int, report: &str) -> c_int {
         rest = &rest[n as usize..];
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::config::Config;
+    use crate::rules::hash::FastMap;
+    use crate::rules::model::Checker;
+
+    #[test]
+    fn the_exit_report_says_when_nothing_was_watched() {
+        let (cfg, _) = Config::from_vars(|_| None);
+        let mut st = State { checker: Checker::new(cfg), contexts: FastMap::default() };
+        let r = exit_report(&st);
+        assert!(r.starts_with("sqdisc-check report (exit): 0 violations\n"), "{r}");
+        assert!(r.contains("\nnothing watched: no device context was attached"), "{r}");
+        st.contexts.insert(1, super::super::state::Originals { post_send: None, post_recv: None, poll_cq: None });
+        assert!(!exit_report(&st).contains("nothing watched"));
+    }
 }
