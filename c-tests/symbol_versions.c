@@ -43,10 +43,10 @@ static void each_function_has_its_release_node(void)
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_depth_for_srqs", "SQDISC_0") == NULL);
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_queue_last_refusal", "SQDISC_0.2") != NULL);
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_queue_last_refusal", "SQDISC_0") == NULL);
-    /* Added after 0.3.0's set. */
-    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.4") != NULL);
-    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.3") == NULL);
-    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order_message", "SQDISC_0.4") != NULL);
+    /* Added in 0.3.0. */
+    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.3") != NULL);
+    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.2") == NULL);
+    CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order_message", "SQDISC_0.3") != NULL);
 }
 
 static void stats_keeps_its_0_1_version(void)
