@@ -747,6 +747,13 @@ impl SimDevice {
         self.model.lock().cq_queued(cq)
     }
 
+    /// Whether the next step certainly moves traffic (a packet on the wire, an ACK due, a WQE to transmit),
+    /// rather than only bringing a retransmission or RNR timer closer. The device daemon steps back to back
+    /// while it is true, and at its wall-clock tick while only `busy` is.
+    pub fn urgent(&self) -> bool {
+        self.model.lock().urgent()
+    }
+
     /// Whether anything is in flight: a WQE waiting to be transmitted or acknowledged, a packet on the wire, an
     /// ACK pending. Steps change nothing while it is false.
     pub fn busy(&self) -> bool {

@@ -5,8 +5,11 @@
 //! raises to the clients whose objects they concern. The model is only ever touched from this thread, between
 //! messages, so every client sees the RC rules the in-process sim keeps: one SQ's completions in post order.
 //!
-//! Time: while anything is in flight the loop runs one step every `tick` of wall time, so one-sided operations
-//! progress and events fire whatever the programs do; a poll that reaches the daemon runs `steps_per_poll`
+//! Time: while traffic moves (a packet on the wire, an ACK due, a WQE to transmit: `SimDevice::urgent`) the loop
+//! runs steps back to back, between the requests it serves; while something waits only for a timer
+//! (retransmission, RNR retry) it runs one step every `tick` of wall time, so timeouts keep a wall-clock scale
+//! and a stalled QP does not spin the daemon. Either way one-sided operations progress and events fire whatever
+//! the programs do; a poll that reaches the daemon runs `steps_per_poll`
 //! steps first besides, as in process. A client polls only a CQ that holds something (a counter in shared
 //! memory says so), so busy polling of an empty CQ costs the daemon nothing.
 
@@ -101,8 +104,11 @@ impl Server {
         let mut ready = Vec::new();
         while !self.shutdown && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let busy = self.dev.busy();
+            let urgent = busy && self.dev.urgent();
             let pending = self.clients.values().any(Client::has_pending_events);
-            let timeout = if busy {
+            let timeout = if urgent {
+                Some(Duration::ZERO)
+            } else if busy {
                 Some(self.tick.saturating_sub(self.last_step.elapsed()))
             } else if pending {
                 Some(Duration::from_millis(1))
@@ -120,7 +126,7 @@ impl Server {
                     },
                 }
             }
-            if self.dev.busy() && self.last_step.elapsed() >= self.tick {
+            if urgent || (self.dev.busy() && self.last_step.elapsed() >= self.tick) {
                 self.dev.step(1);
                 self.last_step = Instant::now();
             }

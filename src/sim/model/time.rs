@@ -51,6 +51,18 @@ impl Model {
         q.state == QpState::Rts && (q.next_complete < q.posted || q.ack_due.is_some())
     }
 
+    /// Whether the next step certainly moves traffic: a packet on the wire, an ACK due, or a WQE waiting to be
+    /// transmitted by a QP that is not waiting out an RNR NAK. What is left when it is false is waiting for a
+    /// timer (retransmission, RNR retry) or for nothing.
+    pub(crate) fn urgent(&self) -> bool {
+        !self.wire.is_empty()
+            || self.active.iter().any(|&s| {
+                self.qps[s].as_ref().is_some_and(|q| {
+                    q.state == QpState::Rts && (q.ack_due.is_some() || (q.next_tx < q.posted && self.now >= q.rnr_wait_until))
+                })
+            })
+    }
+
     /// Whether a step could change anything: a packet on the wire, a QP with work, or a fault still to fire.
     pub(crate) fn in_flight(&self) -> bool {
         !self.idle() || !self.fatal_at.is_empty()
