@@ -164,10 +164,10 @@ pub fn destroy_all(server: &mut Server, token: u64) {
         let qpn = unsafe { (*qp).qp_num };
         server.owners.remove(&(qp as usize));
         server.cm_forget_qp(qp);
-        let _ = qpn;
         if let Err(e) = server.dev.destroy_qp(qp) {
             eprintln!("sqdisc-sim: cleanup: destroy qp: {e}");
         }
+        server.forget_qp_owner(qpn);
     }
     for srq in srqs {
         server.owners.remove(&(srq as usize));

@@ -195,9 +195,13 @@ impl Server {
             Request::DestroyQp { qp } => {
                 let Some(q) = self.client(token).qps.get(&qp) else { return no_such("QP", qp) };
                 let obj = q.obj;
+                // SAFETY: a live QP of this client.
+                let qp_num = unsafe { (*obj).qp_num };
+                self.note_violations();
                 if let Err(e) = self.dev.destroy_qp(obj) {
                     return failed(e);
                 }
+                self.forget_qp_owner(qp_num);
                 self.client(token).qps.remove(&qp);
                 self.owners.remove(&(obj as usize));
                 self.cm_forget_qp(obj);

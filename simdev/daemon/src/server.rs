@@ -342,8 +342,15 @@ impl Server {
         }
     }
 
+    /// Forgets the owner of a QP that is being destroyed, after noting the violations logged so far (which
+    /// may name it), so that the table holds live QPs only.
+    pub(crate) fn forget_qp_owner(&mut self, qp_num: u32) {
+        self.note_violations();
+        self.qp_owner.remove(&qp_num);
+    }
+
     /// Copies new violations of the model into the log, each with the process that owns its QP now.
-    fn note_violations(&mut self) {
+    pub(crate) fn note_violations(&mut self) {
         let n = self.dev.violation_count();
         while self.violations.len() < n {
             let Some(v) = self.dev.violation(self.violations.len()) else { break };
