@@ -113,30 +113,17 @@ impl Client {
             flush(tx, &mut self.async_pending);
         }
         for c in self.cm_channels.values_mut() {
-            flush_messages(&c.tx, &mut c.pending);
+            flush(&c.tx, &mut c.pending);
         }
         Ok(())
     }
 }
 
-fn flush(tx: &OwnedFd, pending: &mut VecDeque<[u8; EventRecord::SIZE]>) {
+/// Sends the pending records or messages of an event socket while it has room; the rest waits for the next
+/// turn. A client that has closed its end no longer wants them: they are discarded.
+fn flush<T: AsRef<[u8]>>(tx: &OwnedFd, pending: &mut VecDeque<T>) {
     while let Some(rec) = pending.front() {
-        match sys::send_record(tx, rec) {
-            Ok(true) => {
-                pending.pop_front();
-            }
-            Ok(false) => return,
-            Err(_) => {
-                pending.clear();
-                return;
-            }
-        }
-    }
-}
-
-fn flush_messages(tx: &OwnedFd, pending: &mut VecDeque<Vec<u8>>) {
-    while let Some(msg) = pending.front() {
-        match sys::send_record(tx, msg) {
+        match sys::send_record(tx, rec.as_ref()) {
             Ok(true) => {
                 pending.pop_front();
             }

@@ -23,7 +23,7 @@ use rdma_sys::ibv_comp_channel;
 use sqdisc::sim::{AsyncElement, SimDevice};
 use sqdisc_sim_proto::{
     decode, encode, recv_message, send_message, DeviceSettings, EventRecord, Reply, Request, ViolationInfo, EVENT_ASYNC_CQ,
-    EVENT_ASYNC_PORT, EVENT_ASYNC_QP, EVENT_ASYNC_SRQ, EVENT_COMPLETION, PROTOCOL_VERSION,
+    EVENT_ASYNC_QP, EVENT_ASYNC_SRQ, EVENT_COMPLETION, PROTOCOL_VERSION,
 };
 
 use crate::client::{Client, Owner};
@@ -330,7 +330,6 @@ impl Server {
                 }
             }
         }
-        let _ = EVENT_ASYNC_PORT;
         let mut broken = Vec::new();
         for (&token, c) in self.clients.iter_mut() {
             if let Err(e) = c.flush_events() {

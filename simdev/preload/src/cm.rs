@@ -129,6 +129,14 @@ fn fail(name: &str, f: &crate::conn::Failure) -> c_int {
     -1
 }
 
+/// A request whose answer is only success or failure: 0, or -1 with errno set.
+fn call(name: &str, request: &Request) -> c_int {
+    match ask(name, request) {
+        Ok(_) => 0,
+        Err(rc) => rc,
+    }
+}
+
 fn ask(name: &str, request: &Request) -> Result<Reply, c_int> {
     let Some(c) = cm_context() else { return Err(no_device()) };
     c.conn.ask(request).map_err(|f| fail(name, &f))
@@ -394,10 +402,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
     guarded("rdma_listen", -1, || {
         // SAFETY: the caller's identifier.
         let Some(obj) = (unsafe { id_obj(id) }) else { return -1 };
-        match ask("rdma_listen", &Request::CmListen { id: obj.daemon, backlog }) {
-            Ok(_) => 0,
-            Err(rc) => rc,
-        }
+        call("rdma_listen", &Request::CmListen { id: obj.daemon, backlog })
     })
 }
 
@@ -884,10 +889,7 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c
             // SAFETY: the caller's `len` bytes.
             unsafe { std::slice::from_raw_parts(private_data.cast::<u8>(), usize::from(len)) }.to_vec()
         };
-        match ask("rdma_reject", &Request::CmReject { id: obj.daemon, private_data: data }) {
-            Ok(_) => 0,
-            Err(rc) => rc,
-        }
+        call("rdma_reject", &Request::CmReject { id: obj.daemon, private_data: data })
     })
 }
 
@@ -896,10 +898,7 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     guarded("rdma_establish", -1, || {
         // SAFETY: the caller's identifier.
         let Some(obj) = (unsafe { id_obj(id) }) else { return -1 };
-        match ask("rdma_establish", &Request::CmEstablish { id: obj.daemon }) {
-            Ok(_) => 0,
-            Err(rc) => rc,
-        }
+        call("rdma_establish", &Request::CmEstablish { id: obj.daemon })
     })
 }
 
