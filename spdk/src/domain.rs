@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use rdma_sys::{ibv_cq, ibv_wc};
@@ -34,11 +34,11 @@ impl DomainState {
     }
 }
 
-/// A domain's lock and state. Cells are never freed: the poll path finds a CQ's cell without a lock
-/// (`interpose`), so a cell must stay valid however late a poller reads a stale pointer to it. A cell whose
-/// domain is gone (its state empty) goes back to a pool and serves the next domain; a poller holding a stale
-/// pointer then finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is what
-/// the CQ became.
+/// A domain's lock and state, shared (`Arc`) by the domain and by the poll path's table of managed CQs
+/// (`interpose`). The poll path finds a CQ's cell without a lock, inside an epoch: a table that named the cell,
+/// and with it the cell, is freed only once no poller can still be reading it. A poller that finds a cell
+/// whose domain is gone finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is
+/// what the CQ became.
 pub(crate) struct DomainCell {
     state: ReentrantMutex<RefCell<DomainState>>,
 }
@@ -49,49 +49,40 @@ impl DomainCell {
     }
 }
 
-/// Cells of domains that are gone, for the next ones: at most as many as domains ever lived at once.
-static POOL: Mutex<Vec<&'static DomainCell>> = Mutex::new(Vec::new());
-
 /// A lock domain: owned (`Arc`) by the queues and SRQs of one group and by the CQs it manages.
 pub(crate) struct Domain {
-    cell: &'static DomainCell,
+    cell: Arc<DomainCell>,
 }
 
 // SAFETY: a domain's state (and every `Guarded` value of the domain) holds `Rc`-based sqdisc objects that refer
 // only to each other; all of them are created, used and dropped with the domain's lock held, so their
 // non-atomic reference counts and cells are never touched by two threads at once, and the lock orders the
-// accesses of successive threads.
+// accesses of successive threads. A cell outlived by its domain has an empty state.
 unsafe impl Send for DomainState {}
 
 impl Domain {
     pub fn new() -> Arc<Domain> {
-        let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let cell = pooled.unwrap_or_else(|| {
-            Box::leak(Box::new(DomainCell { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) }))
-        });
-        Arc::new(Domain { cell })
+        Arc::new(Domain { cell: Arc::new(DomainCell { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) }) })
     }
 
     pub fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<DomainState>> {
         self.cell.lock()
     }
 
-    /// The domain's cell, valid for the life of the process.
-    pub fn cell(&self) -> &'static DomainCell {
-        self.cell
+    /// The domain's cell, for the poll path's table.
+    pub fn cell(&self) -> &Arc<DomainCell> {
+        &self.cell
     }
 }
 
 impl Drop for Domain {
     fn drop(&mut self) {
-        // Every queue, SRQ and managed CQ of the domain held it: its state is empty now.
-        {
-            let held = self.cell.lock();
-            let mut st = held.borrow_mut();
-            debug_assert!(st.cqs.is_empty(), "a domain dropped with managed CQs");
-            st.cqs.clear();
-        }
-        POOL.lock().unwrap_or_else(|e| e.into_inner()).push(self.cell);
+        // Every queue, SRQ and managed CQ of the domain held it: its state is empty now. The cell may outlive
+        // the domain in a table a poller still reads; it must not keep sqdisc objects alive there.
+        let held = self.cell.lock();
+        let mut st = held.borrow_mut();
+        debug_assert!(st.cqs.is_empty(), "a domain dropped with managed CQs");
+        st.cqs.clear();
     }
 }
 

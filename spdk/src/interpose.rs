@@ -1,29 +1,34 @@
 //! Seeing SPDK's completions without SPDK's help.
 //!
 //! SPDK polls its CQs itself (`ibv_poll_cq`, an inline function of libibverbs that calls
-//! `cq->context->ops.poll_cq`), and the provider interface has no completion hook. So the first time a qpair
-//! is created on a device context, the context's `poll_cq` entry is replaced by [`poll_cq`], and the
-//! provider's own op is kept. [`poll_cq`] looks the CQ up: a CQ that a managed qpair uses is polled through
+//! `cq->context->ops.poll_cq`), and the provider interface has no completion hook. So while a device context
+//! has a managed CQ (one a qpair of this provider uses), the context's `poll_cq` entry is replaced by
+//! [`poll_cq`], and the provider's own op is kept. [`poll_cq`] routes each CQ: a managed CQ is polled through
 //! sqdisc (which calls the provider's op, releases and moderates, and hands back exactly the completions raw
-//! verbs would have); any other CQ goes straight to the provider's op, unchanged.
+//! verbs would have); any other CQ goes straight to the provider's op, unchanged. When the context's last
+//! managed CQ stops being managed, its entry is put back.
 //!
-//! Every CQ of a patched context pays that lookup on every poll, so it takes no lock and a bounded number of
-//! steps: the provider's ops are found in a fixed table of contexts (written once per context, never
-//! removed), and a CQ's lock domain in an open-addressing hash table read under a sequence counter (writers,
-//! serialised by a mutex, make the counter odd while they change the table; a reader that saw it change
-//! looks again). Tables replaced by bigger ones are kept, and domains' lock cells are never freed (see
-//! `DomainCell`), so a reader never touches freed memory.
+//! Every CQ of a patched context pays the routing on every poll, so it takes no lock and, for a CQ that is not
+//! managed, no more than a hash and an indirect jump: a fixed array of routes ([`ROUTES`], a filter, not a
+//! limit) holds, for each hash bucket of CQ addresses, the provider's op itself when no managed CQ falls in
+//! the bucket and every patched context has that op (one driver: the usual case), else a function that looks
+//! the CQ or its context up. The lookups read an immutable snapshot of the managed CQs and patched contexts,
+//! replaced as a whole by writers (serialised by a mutex) and reclaimed by epochs (crossbeam-epoch): a
+//! snapshot, and the domain cells it holds, are freed only once no poller can still be reading them. Nothing
+//! here has a fixed limit on contexts or CQs, and nothing is kept after it goes.
 //!
-//! The entry stays replaced for the life of the process (the library is never unloaded under SPDK): putting
-//! it back while another thread may be inside `ibv_poll_cq` could not be made safe. `ibv_req_notify_cq` is
-//! not replaced: SPDK's requests end in signaled WRs, and the idle tails sqdisc covers on its own are covered
-//! by the next two polls.
+//! Putting a context's entry back is safe while another thread may be inside `ibv_poll_cq` with the old
+//! value: [`poll_cq`] of a context that is no longer patched finds no route to it and calls the op the
+//! context holds again, which is the provider's. `ibv_req_notify_cq` is not replaced: SPDK's requests end in
+//! signaled WRs, and the idle tails sqdisc covers on its own are covered by the next two polls.
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{fence, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+use crossbeam_utils::atomic::AtomicCell;
 use rdma_sys::{ibv_context, ibv_cq, ibv_wc};
 use sqdisc::verbs::{NotifyFn, PollFn};
 
@@ -36,336 +41,376 @@ pub(crate) struct Originals {
     pub notify: Option<NotifyFn>,
 }
 
+#[inline(always)]
 fn hash(key: usize) -> usize {
     ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
 }
 
-// ---- device contexts -----------------------------------------------------------------------------------------
+// ---- routes --------------------------------------------------------------------------------------------------
 
-/// Device contexts a process can have patched: one per RDMA device a qpair was made on.
-const MAX_CONTEXTS: usize = 64;
+const ROUTE_BITS: u32 = 12;
+/// Buckets of the route filter: more only makes a CQ that shares a bucket with a managed one rarer.
+const ROUTES_LEN: usize = 1 << ROUTE_BITS;
 
-/// A patched context and the provider's ops, as addresses (0: empty slot; `notify` 0: none).
-struct ContextSlot {
-    ctx: AtomicUsize,
-    poll: AtomicUsize,
-    notify: AtomicUsize,
+#[inline(always)]
+fn bucket(cq: usize) -> usize {
+    ((cq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - ROUTE_BITS)) as usize
 }
 
-#[allow(clippy::declare_interior_mutable_const)] // only the initialiser of CONTEXTS
-const EMPTY_CONTEXT: ContextSlot = ContextSlot { ctx: AtomicUsize::new(0), poll: AtomicUsize::new(0), notify: AtomicUsize::new(0) };
-/// Open addressing, linear probing; entries are never removed (a context opened again at the address of a
-/// closed one reuses its slot).
-static CONTEXTS: [ContextSlot; MAX_CONTEXTS] = [EMPTY_CONTEXT; MAX_CONTEXTS];
+/// Where a poll of a CQ in each bucket goes: the provider's op itself (no managed CQ in the bucket, one
+/// provider op for every patched context), [`route_managed`] (a managed CQ may be in the bucket) or
+/// [`route_lookup`] (patched contexts have different ops: look the CQ's context up).
+static ROUTES: [AtomicCell<PollFn>; ROUTES_LEN] = [const { AtomicCell::new(route_lookup as PollFn) }; ROUTES_LEN];
 
-/// The slot of `ctx`, or the empty slot where it would go; `None` when the table is full.
-#[inline]
-fn context_slot(ctx: usize) -> Option<&'static ContextSlot> {
-    let start = hash(ctx);
-    for i in start..start + MAX_CONTEXTS {
-        let s = &CONTEXTS[i % MAX_CONTEXTS];
-        let k = s.ctx.load(Ordering::Acquire);
-        if k == ctx || k == 0 {
-            return Some(s);
-        }
-    }
-    None
-}
-
-/// The poll op shared by every patched context, while they all have the same one (one driver: the usual
-/// case), else 0: the poll path then needs no context lookup.
+/// The poll op shared by every context ever patched while they all had the same one (one driver), else 0.
+/// It never changes from one op to another: a thread that read a route a moment before it changed still calls
+/// the right op.
 static ONLY_POLL: AtomicUsize = AtomicUsize::new(0);
-/// Whether two patched contexts have had different poll ops (ONLY_POLL then stays 0).
+/// Set (for good) once two patched contexts have had different poll ops.
 static MIXED_POLLS: AtomicUsize = AtomicUsize::new(0);
 
-/// The provider's poll op for a CQ of `ctx`, a patched context.
-#[inline]
-fn original_poll(ctx: usize) -> Option<PollFn> {
-    let only = ONLY_POLL.load(Ordering::Acquire);
-    if only != 0 {
+/// The route of a bucket with no managed CQ.
+fn unmanaged_route() -> PollFn {
+    match ONLY_POLL.load(Ordering::Relaxed) {
+        0 => route_lookup,
         // SAFETY: stored from a `PollFn` (pointer layout, non-NULL).
-        return Some(unsafe { std::mem::transmute::<usize, PollFn>(only) });
-    }
-    originals_of(ctx).map(|o| o.poll)
-}
-
-/// The provider's ops of a patched context.
-#[inline]
-fn originals_of(ctx: usize) -> Option<Originals> {
-    let slot = context_slot(ctx).filter(|s| s.ctx.load(Ordering::Acquire) == ctx)?;
-    let (poll, notify) = (slot.poll.load(Ordering::Relaxed), slot.notify.load(Ordering::Relaxed));
-    // SAFETY: both were stored (before the key, which was read with Acquire) from a `PollFn` and an
-    // `Option<NotifyFn>`, which have the layout of a pointer (NULL for `None`).
-    unsafe {
-        Some(Originals {
-            poll: std::mem::transmute::<usize, PollFn>(poll),
-            notify: std::mem::transmute::<usize, Option<NotifyFn>>(notify),
-        })
+        only => unsafe { std::mem::transmute::<usize, PollFn>(only) },
     }
 }
 
-// ---- managed CQs ---------------------------------------------------------------------------------------------
+// ---- the snapshot pollers read -------------------------------------------------------------------------------
 
+/// A managed CQ: its domain's cell and its context's poll op.
 struct CqSlot {
     /// The CQ's address; 0 for an empty slot.
-    cq: AtomicUsize,
-    cell: AtomicPtr<DomainCell>,
+    cq: usize,
+    poll: Option<PollFn>,
+    cell: Option<Arc<DomainCell>>,
 }
 
-/// Open addressing with linear probing and backward-shift deletion (no tombstones), at most half full.
-struct Table {
+/// The managed CQs (open addressing, linear probing, at most half full) and the patched contexts with their
+/// poll ops, as one immutable value.
+struct Snapshot {
     mask: usize,
-    slots: &'static [CqSlot],
+    slots: Box<[CqSlot]>,
+    contexts: Box<[(usize, PollFn)]>,
 }
 
-impl Table {
-    fn new(len: usize) -> &'static Table {
-        let slots: Vec<CqSlot> = (0..len).map(|_| CqSlot { cq: AtomicUsize::new(0), cell: AtomicPtr::new(std::ptr::null_mut()) }).collect();
-        Box::leak(Box::new(Table { mask: len - 1, slots: Box::leak(slots.into_boxed_slice()) }))
-    }
-
-    #[inline]
-    fn slot(&self, i: usize) -> &CqSlot {
-        // SAFETY: `i & mask` < `slots.len()` == `mask + 1`.
-        unsafe { self.slots.get_unchecked(i & self.mask) }
-    }
-
-    /// The domain cell of `cq`, if the table has it. Bounded by the table's length even if read while a
-    /// writer changes it (the caller then discards the answer).
-    #[inline]
-    fn find(&self, cq: usize) -> Option<&'static DomainCell> {
-        let mut i = hash(cq);
-        let end = i.wrapping_add(self.mask);
-        loop {
-            let s = self.slot(i);
-            let k = s.cq.load(Ordering::Relaxed);
-            if k == cq {
-                // SAFETY: cells are never freed (`DomainCell`); NULL only in a slot being written.
-                return unsafe { s.cell.load(Ordering::Relaxed).as_ref() };
+impl Snapshot {
+    fn new(w: &Writer) -> Snapshot {
+        let len = (2 * w.cqs.len()).next_power_of_two().max(4);
+        let mut slots: Box<[CqSlot]> = (0..len).map(|_| CqSlot { cq: 0, poll: None, cell: None }).collect();
+        let mask = len - 1;
+        for e in &w.cqs {
+            let poll = w.contexts.iter().find(|c| c.ctx == e.ctx).map(|c| c.originals.poll);
+            let mut i = hash(e.cq) & mask;
+            while slots[i].cq != 0 {
+                i = (i + 1) & mask;
             }
-            if k == 0 || i == end {
-                return None;
-            }
-            i = i.wrapping_add(1);
+            slots[i] = CqSlot { cq: e.cq, poll, cell: Some(e.domain.cell().clone()) };
         }
+        let contexts = w.contexts.iter().map(|c| (c.ctx, c.originals.poll)).collect();
+        Snapshot { mask, slots, contexts }
     }
 
-    /// Writer only (sequence odd): stores `cq` -> `cell`, replacing an entry for `cq`.
-    fn put(&self, cq: usize, cell: &'static DomainCell) {
-        let mut i = hash(cq);
-        loop {
-            let s = self.slot(i);
-            let k = s.cq.load(Ordering::Relaxed);
-            if k == cq || k == 0 {
-                s.cell.store(std::ptr::from_ref(cell).cast_mut(), Ordering::Relaxed);
-                s.cq.store(cq, Ordering::Relaxed);
-                return;
-            }
-            i += 1;
-        }
-    }
-
-    /// Writer only (sequence odd): removes `cq`, moving later entries of its probe run back.
-    fn remove(&self, cq: usize) {
+    /// The slot of a managed CQ.
+    #[inline]
+    fn cq(&self, cq: usize) -> Option<&CqSlot> {
         let mut i = hash(cq) & self.mask;
         loop {
-            let k = self.slot(i).cq.load(Ordering::Relaxed);
-            if k == 0 {
-                return;
+            // SAFETY: `i <= mask` < `slots.len()`.
+            let s = unsafe { self.slots.get_unchecked(i) };
+            if s.cq == cq {
+                return Some(s);
             }
-            if k == cq {
-                break;
+            if s.cq == 0 {
+                return None;
             }
             i = (i + 1) & self.mask;
         }
-        let mut j = i;
-        loop {
-            self.slot(i).cq.store(0, Ordering::Relaxed);
-            self.slot(i).cell.store(std::ptr::null_mut(), Ordering::Relaxed);
-            loop {
-                j = (j + 1) & self.mask;
-                let k = self.slot(j).cq.load(Ordering::Relaxed);
-                if k == 0 {
-                    return;
-                }
-                // The entry at j may stay if its home slot lies cyclically in (i, j].
-                let home = hash(k) & self.mask;
-                let stays = if i <= j { i < home && home <= j } else { i < home || home <= j };
-                if !stays {
-                    let cell = self.slot(j).cell.load(Ordering::Relaxed);
-                    self.slot(i).cell.store(cell, Ordering::Relaxed);
-                    self.slot(i).cq.store(k, Ordering::Relaxed);
-                    i = j;
-                    break;
-                }
-            }
-        }
+    }
+
+    /// The provider's poll op of a patched context.
+    #[inline]
+    fn context(&self, ctx: usize) -> Option<PollFn> {
+        self.contexts.iter().find(|c| c.0 == ctx).map(|c| c.1)
     }
 }
 
-#[allow(clippy::declare_interior_mutable_const)] // only the initialiser of EMPTY_SLOTS
-const EMPTY_SLOT: CqSlot = CqSlot { cq: AtomicUsize::new(0), cell: AtomicPtr::new(std::ptr::null_mut()) };
-static EMPTY_SLOTS: [CqSlot; 1] = [EMPTY_SLOT];
-static EMPTY_TABLE: Table = Table { mask: 0, slots: &EMPTY_SLOTS };
+/// The current snapshot; NULL until a context is patched.
+static SNAPSHOT: Atomic<Snapshot> = Atomic::null();
 
-/// The current table of managed CQs; never freed.
-static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::addr_of!(EMPTY_TABLE).cast_mut());
-/// Odd while a writer changes the table.
-static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+// ---- the writers' side ---------------------------------------------------------------------------------------
 
-/// The writers' side, under one mutex: the managed CQs with their domains (for qpair creation and stats), and
-/// the tables replaced by bigger ones, kept because readers may still be in them.
-struct Writer {
-    cqs: Vec<(usize, Arc<Domain>)>,
-    retired: Vec<&'static Table>,
+struct ContextEntry {
+    ctx: usize,
+    originals: Originals,
+    /// Managed CQs of the context; its entry is put back when this reaches 0.
+    cqs: usize,
 }
 
-static WRITER: Mutex<Writer> = Mutex::new(Writer { cqs: Vec::new(), retired: Vec::new() });
+struct CqEntry {
+    cq: usize,
+    ctx: usize,
+    domain: Arc<Domain>,
+}
+
+/// The writers' side, under one mutex: the managed CQs with their domains (for qpair creation and stats), the
+/// patched contexts, and how many managed CQs fall in each route bucket.
+struct Writer {
+    cqs: Vec<CqEntry>,
+    contexts: Vec<ContextEntry>,
+    buckets: Vec<u32>,
+}
+
+static WRITER: Mutex<Writer> = Mutex::new(Writer { cqs: Vec::new(), contexts: Vec::new(), buckets: Vec::new() });
 
 fn writer() -> MutexGuard<'static, Writer> {
     WRITER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `change` on the current table with the sequence odd, so readers that overlap it look again.
-fn write_table(change: impl FnOnce(&'static Table)) {
-    let seq = SEQUENCE.load(Ordering::Relaxed);
-    SEQUENCE.store(seq + 1, Ordering::Relaxed);
-    fence(Ordering::Release);
-    // SAFETY: tables are never freed.
-    change(unsafe { &*TABLE.load(Ordering::Relaxed) });
-    SEQUENCE.store(seq + 2, Ordering::Release);
-}
-
-/// The domain cell of a managed CQ, without a lock.
-#[inline]
-fn managed_cell(cq: usize) -> Option<&'static DomainCell> {
-    loop {
-        let seq = SEQUENCE.load(Ordering::Acquire);
-        if seq & 1 == 0 {
-            // SAFETY: tables are never freed.
-            let found = unsafe { &*TABLE.load(Ordering::Acquire) }.find(cq);
-            fence(Ordering::Acquire);
-            if SEQUENCE.load(Ordering::Relaxed) == seq {
-                return found;
-            }
-        }
-        std::hint::spin_loop();
+/// Replaces the snapshot by one of `w`; the old one is freed once no poller can be reading it.
+fn publish(w: &Writer) {
+    let guard = epoch::pin();
+    let old = SNAPSHOT.swap(Owned::new(Snapshot::new(w)), Ordering::AcqRel, &guard);
+    if !old.is_null() {
+        // SAFETY: `old` is unreachable from now on (swapped out, and writers hold the mutex); pollers that loaded
+        // it are pinned, and the epoch scheme frees it only after they have all unpinned.
+        unsafe { guard.defer_destroy(old) };
     }
+    // Hand the garbage to the global queue now (and collect what has expired) rather than let it wait in
+    // this thread's bag, which a thread that rarely makes qpairs would fill only slowly.
+    guard.flush();
 }
 
-// ---- the provider's side -------------------------------------------------------------------------------------
-
-/// Replaces `ctx`'s `poll_cq` (once per context) and returns the provider's ops.
+/// Patches `ctx` if it is not (its poll op and route words first, then the entry), and returns its ops.
 ///
 /// # Safety
-/// `ctx` is a live device context that stays alive while any CQ of it is polled.
-pub(crate) unsafe fn install(ctx: *mut ibv_context) -> Result<Originals, &'static str> {
-    let _w = writer();
+/// `ctx` is a live device context.
+unsafe fn install(w: &mut Writer, ctx: *mut ibv_context) -> Result<Originals, &'static str> {
+    if let Some(c) = w.contexts.iter().find(|c| c.ctx == ctx as usize) {
+        return Ok(c.originals);
+    }
     // SAFETY: `ctx` is live (caller's promise); field reads.
     let (poll, notify) = unsafe { ((*ctx).ops.poll_cq, (*ctx).ops.req_notify_cq) };
     let poll = poll.ok_or("the device context has no poll_cq op")?;
     let ours = poll_cq as PollFn as usize;
     if poll as usize == ours {
-        // Still ours; a context opened since at the address of a closed one has the provider's op again.
-        return originals_of(ctx as usize).ok_or("the context's poll_cq is already replaced by another copy of this provider");
+        return Err("the context's poll_cq is already replaced by another copy of this provider");
     }
-    let slot = context_slot(ctx as usize).ok_or("more than 64 device contexts")?;
-    slot.poll.store(poll as usize, Ordering::Relaxed);
-    slot.notify.store(notify.map_or(0, |f| f as usize), Ordering::Relaxed);
-    slot.ctx.store(ctx as usize, Ordering::Release);
-    match ONLY_POLL.load(Ordering::Relaxed) {
-        _ if MIXED_POLLS.load(Ordering::Relaxed) != 0 => {}
-        0 if CONTEXTS.iter().filter(|s| s.ctx.load(Ordering::Relaxed) != 0).count() == 1 => {
-            ONLY_POLL.store(poll as usize, Ordering::Release)
-        }
-        only if only == poll as usize => {}
-        _ => {
-            MIXED_POLLS.store(1, Ordering::Relaxed);
-            ONLY_POLL.store(0, Ordering::Release);
+    let originals = Originals { poll, notify };
+    w.contexts.push(ContextEntry { ctx: ctx as usize, originals, cqs: 0 });
+    publish(w);
+    if MIXED_POLLS.load(Ordering::Relaxed) == 0 {
+        match ONLY_POLL.load(Ordering::Relaxed) {
+            0 => {
+                ONLY_POLL.store(poll as usize, Ordering::Relaxed);
+                set_unmanaged_routes(w);
+            }
+            only if only == poll as usize => {}
+            _ => {
+                MIXED_POLLS.store(1, Ordering::Relaxed);
+                ONLY_POLL.store(0, Ordering::Relaxed);
+                set_unmanaged_routes(w);
+            }
         }
     }
     // SAFETY: `ops.poll_cq` is an aligned, pointer-sized field of the live context (`Option<fn>` has the layout
     // of a pointer); other threads may be reading it in `ibv_poll_cq` right now, so it is replaced with one
-    // atomic store, and either value they read is valid. The context's slot is written first.
+    // atomic store, and either value they read is valid. The snapshot and the routes are written first.
     unsafe {
         let entry = std::ptr::addr_of_mut!((*ctx).ops.poll_cq).cast::<AtomicUsize>();
         (*entry).store(ours, Ordering::Release);
     }
-    Ok(Originals { poll, notify })
+    Ok(originals)
 }
 
-/// Routes `cq` through `domain` from now on.
-pub(crate) fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) {
-    let mut w = writer();
-    let key = cq as usize;
-    w.cqs.retain(|e| e.0 != key);
-    w.cqs.push((key, domain.clone()));
-    // SAFETY: tables are never freed.
-    let table = unsafe { &*TABLE.load(Ordering::Relaxed) };
-    if 2 * w.cqs.len() > table.slots.len() {
-        let bigger = Table::new((2 * table.slots.len()).max(16));
-        for (k, d) in &w.cqs {
-            bigger.put(*k, d.cell());
+/// Every bucket without a managed CQ routes to [`unmanaged_route`].
+fn set_unmanaged_routes(w: &Writer) {
+    let route = unmanaged_route();
+    for (i, r) in ROUTES.iter().enumerate() {
+        if w.buckets.get(i).copied().unwrap_or(0) == 0 {
+            r.store(route);
         }
-        write_table(|_| TABLE.store(std::ptr::from_ref(bigger).cast_mut(), Ordering::Relaxed));
-        if !std::ptr::eq(table, &EMPTY_TABLE) {
-            w.retired.push(table);
-        }
-    } else {
-        write_table(|t| t.put(key, domain.cell()));
     }
 }
 
-/// Polls of `cq` go straight to the provider again.
+/// Routes `cq` (a CQ of a live context) through `domain` from now on, patching its context if needed; returns
+/// the provider's ops for it.
+///
+/// # Safety
+/// `cq` is a live CQ whose context stays alive while the CQ is managed.
+pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Originals, &'static str> {
+    let mut w = writer();
+    // SAFETY: `cq` is live (caller's promise); a field read.
+    let ctx = unsafe { (*cq).context };
+    // SAFETY: the CQ's live context.
+    let originals = unsafe { install(&mut w, ctx) }?;
+    let key = cq as usize;
+    if let Some(e) = w.cqs.iter_mut().find(|e| e.cq == key) {
+        e.domain = domain.clone();
+        publish(&w);
+        return Ok(originals);
+    }
+    w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone() });
+    if let Some(c) = w.contexts.iter_mut().find(|c| c.ctx == ctx as usize) {
+        c.cqs += 1;
+    }
+    publish(&w);
+    if w.buckets.is_empty() {
+        w.buckets = vec![0; ROUTES_LEN];
+    }
+    let b = bucket(key);
+    w.buckets[b] += 1;
+    ROUTES[b].store(route_managed);
+    Ok(originals)
+}
+
+/// Polls of `cq` go straight to the provider again; its context's entry is put back if it was its last
+/// managed CQ.
 pub(crate) fn unmanage(cq: *mut ibv_cq) {
     let mut w = writer();
-    w.cqs.retain(|e| e.0 != cq as usize);
+    let key = cq as usize;
+    let Some(at) = w.cqs.iter().position(|e| e.cq == key) else { return };
+    let e = w.cqs.swap_remove(at);
+    let b = bucket(key);
+    w.buckets[b] -= 1;
+    if w.buckets[b] == 0 {
+        ROUTES[b].store(unmanaged_route());
+    }
+    let mut restore = None;
+    if let Some(at) = w.contexts.iter().position(|c| c.ctx == e.ctx) {
+        w.contexts[at].cqs -= 1;
+        if w.contexts[at].cqs == 0 {
+            restore = Some(w.contexts.swap_remove(at));
+        }
+    }
+    if let Some(c) = &restore {
+        // SAFETY: the context is live (`manage`'s caller's promise: it outlives its managed CQs); its entry is put
+        // back with one atomic store, before the snapshot stops naming it, so that a poller that finds it missing
+        // finds the provider's op in the context.
+        unsafe {
+            let entry = std::ptr::addr_of_mut!((*(c.ctx as *mut ibv_context)).ops.poll_cq).cast::<AtomicUsize>();
+            (*entry).store(c.originals.poll as usize, Ordering::Release);
+        }
+    }
+    publish(&w);
     if w.cqs.is_empty() {
         w.cqs = Vec::new();
+        w.contexts = Vec::new();
     }
-    write_table(|t| t.remove(cq as usize));
+    drop(w);
+    drop(e);
 }
 
 /// The domain that manages `cq`, if any.
 pub(crate) fn domain_of(cq: *mut ibv_cq) -> Option<Arc<Domain>> {
-    writer().cqs.iter().find(|e| e.0 == cq as usize).map(|e| e.1.clone())
+    writer().cqs.iter().find(|e| e.cq == cq as usize).map(|e| e.domain.clone())
 }
 
-/// The replacement `poll_cq`. The lookups cannot panic, so only the managed path needs a panic boundary; both
-/// ways out are tail calls.
+/// How many contexts are patched and how many CQs managed (tests).
+#[cfg(test)]
+fn counts() -> (usize, usize) {
+    let w = writer();
+    (w.contexts.len(), w.cqs.len())
+}
+
+// ---- the poll path -------------------------------------------------------------------------------------------
+
+/// The replacement `poll_cq`: one hash, one indirect jump.
 ///
 /// # Safety
-/// Called by `ibv_poll_cq` with a live CQ of a context passed to [`install`] and `wc` holding `n` entries.
+/// Called by `ibv_poll_cq` with a live CQ and `wc` holding `n` entries.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    // SAFETY: `cq` is live (caller's promise); a field read.
-    let Some(original) = original_poll(unsafe { (*cq).context } as usize) else {
-        return unpublished_context(cq, n, wc);
+    // SAFETY: the bucket index is below `ROUTES_LEN`; every route is a `PollFn` for any CQ of a patched context
+    // (or one that was), called as `ibv_poll_cq` would have.
+    unsafe { ROUTES.get_unchecked(bucket(cq as usize)).load()(cq, n, wc) }
+}
+
+/// The route of a bucket that may hold a managed CQ.
+///
+/// # Safety
+/// As for [`poll_cq`].
+unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let guard = epoch::pin();
+    let Some(snap) = snapshot(&guard) else {
+        // SAFETY: as `poll_cq` promises.
+        return unsafe { route_unmanaged(cq, n, wc) };
     };
-    match managed_cell(cq as usize) {
-        // SAFETY: the provider's own op, called as `ibv_poll_cq` would have.
-        None => unsafe { original(cq, n, wc) },
-        // SAFETY: as `ibv_poll_cq` promises.
-        Some(cell) => unsafe { poll_managed_boundary(cell, original, cq, n, wc) },
+    match snap.cq(cq as usize) {
+        Some(CqSlot { poll: Some(poll), cell: Some(cell), .. }) => {
+            // SAFETY: as `ibv_poll_cq` promises; the cell lives while `guard` pins the snapshot.
+            unsafe { poll_managed_boundary(cell, *poll, cq, n, wc) }
+        }
+        _ => {
+            drop(guard);
+            // SAFETY: as `poll_cq` promises.
+            unsafe { route_unmanaged(cq, n, wc) }
+        }
     }
 }
 
-/// A context whose slot this thread has not seen yet: only if it has not synchronised with the thread that
-/// patched the context. The writers' mutex orders it after that thread's writes.
+/// A CQ that is not managed, from a bucket that may hold a managed one.
+///
+/// # Safety
+/// As for [`poll_cq`].
+#[inline]
+unsafe fn route_unmanaged(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    match ONLY_POLL.load(Ordering::Relaxed) {
+        // SAFETY: as `poll_cq` promises.
+        0 => unsafe { route_lookup(cq, n, wc) },
+        // SAFETY: stored from a `PollFn`: the op of every context ever patched; as `ibv_poll_cq` would call it.
+        only => unsafe { std::mem::transmute::<usize, PollFn>(only)(cq, n, wc) },
+    }
+}
+
+fn snapshot(guard: &Guard) -> Option<&Snapshot> {
+    // SAFETY: a snapshot is freed only after every thread pinned when it was replaced has unpinned; `guard` pins
+    // this one.
+    unsafe { SNAPSHOT.load(Ordering::Acquire, guard).as_ref() }
+}
+
+/// The route of a bucket with no managed CQ while patched contexts have different ops (or before the first
+/// context is patched): the op of the CQ's context.
+///
+/// # Safety
+/// As for [`poll_cq`].
+unsafe extern "C" fn route_lookup(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: `cq` is live (caller's promise); a field read.
+    let ctx = unsafe { (*cq).context };
+    let found = {
+        let guard = epoch::pin();
+        snapshot(&guard).and_then(|s| s.context(ctx as usize))
+    };
+    if let Some(poll) = found {
+        // SAFETY: the provider's op of the CQ's context, as `ibv_poll_cq` would call it.
+        return unsafe { poll(cq, n, wc) };
+    }
+    context_op(cq, n, wc)
+}
+
+/// A CQ whose context the snapshot does not name: it was patched no more (its entry put back: the provider's
+/// op is in the context again), or this thread has not seen it patched yet; the writers' mutex orders it after
+/// the thread that did.
 #[cold]
 #[inline(never)]
-fn unpublished_context(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    let Some(original) = ({
-        let _w = writer();
-        // SAFETY: `cq` is live (`poll_cq`'s caller's promise); a field read.
-        originals_of(unsafe { (*cq).context } as usize)
-    }) else {
-        return -libc::EINVAL;
+fn context_op(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let ours = poll_cq as PollFn as usize;
+    let op = {
+        let w = writer();
+        // SAFETY: `cq` is live (`poll_cq`'s caller's promise); field reads.
+        let ctx = unsafe { (*cq).context };
+        match w.contexts.iter().find(|c| c.ctx == ctx as usize) {
+            Some(c) => c.originals.poll as usize,
+            // SAFETY: the live context's op, read as one word (writers store it atomically).
+            None => unsafe { (*std::ptr::addr_of!((*ctx).ops.poll_cq).cast::<AtomicUsize>()).load(Ordering::Acquire) },
+        }
     };
-    // SAFETY: the provider's op of the CQ's context, then as in `poll_cq`.
-    match managed_cell(cq as usize) {
-        None => unsafe { (original.poll)(cq, n, wc) },
-        Some(cell) => unsafe { poll_managed_boundary(cell, original.poll, cq, n, wc) },
+    if op == 0 || op == ours {
+        return -libc::EINVAL;
     }
+    // SAFETY: the provider's op of the CQ's context (a `PollFn`, non-NULL), as `ibv_poll_cq` would call it.
+    unsafe { std::mem::transmute::<usize, PollFn>(op)(cq, n, wc) }
 }
 
 /// [`poll_managed`] behind a panic boundary.
@@ -424,73 +469,154 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
 
-    /// Pollers on other threads find every CQ that stays managed, and none that never was, while CQs come
-    /// and go (shifts on removal, the table growing from 16 to 512 slots) under them.
-    #[test]
-    fn lookups_stay_exact_while_other_cqs_come_and_go() {
-        let domain = Domain::new();
-        let stable: Vec<usize> = (1..=8).map(|i| 0x7f00_0010_0000 + i * 0x40).collect();
-        let absent: Vec<usize> = (1..=8).map(|i| 0x7f00_0030_0000 + i * 0x40).collect();
-        for &k in &stable {
-            manage(k as *mut ibv_cq, &domain);
+    /// The tests share the process-wide tables: one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    static DEVICE_POLLS: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn device_poll(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc) -> c_int {
+        DEVICE_POLLS.fetch_add(1, Ordering::Relaxed);
+        0
+    }
+
+    /// A device context with the device's poll op, and CQs of it (zeroed verbs structures, as far as this
+    /// module reads them).
+    struct Device {
+        ctx: Box<ibv_context>,
+        #[allow(clippy::vec_box)] // the CQs keep their addresses while the vector grows
+        cqs: Vec<Box<ibv_cq>>,
+    }
+
+    impl Device {
+        fn new(cqs: usize) -> Device {
+            // SAFETY: plain C structures; all zeroes is a valid value.
+            let mut ctx: Box<ibv_context> = Box::new(unsafe { std::mem::zeroed() });
+            ctx.ops.poll_cq = Some(device_poll);
+            let mut d = Device { ctx, cqs: Vec::new() };
+            for _ in 0..cqs {
+                // SAFETY: as above.
+                let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+                cq.context = &mut *d.ctx;
+                d.cqs.push(cq);
+            }
+            d
         }
+
+        fn cq(&mut self, i: usize) -> *mut ibv_cq {
+            &mut *self.cqs[i]
+        }
+
+        /// `ibv_poll_cq`, as libibverbs' inline function does it.
+        fn poll(&mut self, i: usize) -> c_int {
+            let cq = self.cq(i);
+            let mut wc = [0u8; std::mem::size_of::<ibv_wc>()];
+            // SAFETY: the context's op, with a live CQ of it and room for one entry.
+            unsafe { ((*(*cq).context).ops.poll_cq.expect("an op"))(cq, 1, wc.as_mut_ptr().cast()) }
+        }
+
+        fn patched(&self) -> bool {
+            self.ctx.ops.poll_cq.map(|f| f as usize) == Some(poll_cq as PollFn as usize)
+        }
+    }
+
+    fn cell_of(cq: *mut ibv_cq) -> Option<*const DomainCell> {
+        let guard = epoch::pin();
+        snapshot(&guard).and_then(|s| s.cq(cq as usize)).and_then(|s| s.cell.as_ref()).map(Arc::as_ptr)
+    }
+
+    /// Contexts are patched while they have a managed CQ and put back after, with no limit on how many a
+    /// process goes through: 1,000 live at once, then 1,000 more one after the other.
+    #[test]
+    fn contexts_come_and_go_without_limit() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let domain = Domain::new();
+        let mut devices: Vec<Device> = (0..1000).map(|_| Device::new(2)).collect();
+        for d in &mut devices {
+            // SAFETY: a live CQ of a live context, unmanaged below before either goes.
+            unsafe { manage(d.cq(0), &domain) }.expect("managed");
+            assert!(d.patched());
+        }
+        assert_eq!(counts(), (1000, 1000));
+        let before = DEVICE_POLLS.load(Ordering::Relaxed);
+        for d in &mut devices {
+            // The managed CQ reaches the device through the domain (which has no sqdisc CQ for it here: the
+            // device's op); the other CQ straight.
+            assert_eq!(d.poll(0), 0);
+            assert_eq!(d.poll(1), 0);
+            assert_eq!(cell_of(d.cq(0)), Some(Arc::as_ptr(domain.cell())));
+            assert_eq!(cell_of(d.cq(1)), None);
+        }
+        assert_eq!(DEVICE_POLLS.load(Ordering::Relaxed) - before, 2000);
+        for d in &mut devices {
+            unmanage(d.cq(0));
+            assert!(!d.patched(), "the context's poll_cq is put back with its last managed CQ");
+            assert_eq!(d.poll(1), 0);
+        }
+        assert_eq!(counts(), (0, 0));
+        drop(devices);
+        for _ in 0..1000 {
+            let mut d = Device::new(1);
+            // SAFETY: as above.
+            unsafe { manage(d.cq(0), &domain) }.expect("managed");
+            assert_eq!(d.poll(0), 0);
+            unmanage(d.cq(0));
+            assert!(!d.patched());
+        }
+        assert_eq!(counts(), (0, 0));
+    }
+
+    /// Pollers on other threads find every CQ that stays managed, and none that never was, while other CQs
+    /// and their contexts come and go under them (snapshots replaced and reclaimed, entries put back).
+    #[test]
+    fn lookups_stay_exact_while_cqs_and_contexts_come_and_go() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let domain = Domain::new();
+        let mut stable = Device::new(8);
+        let mut absent = Device::new(8);
+        for i in 0..8 {
+            // SAFETY: live CQs of a live context, unmanaged below before either goes.
+            unsafe { manage(stable.cq(i), &domain) }.expect("managed");
+        }
+        let stable_cqs: Vec<usize> = (0..8).map(|i| stable.cq(i) as usize).collect();
+        let absent_cqs: Vec<usize> = (0..8).map(|i| absent.cq(i) as usize).collect();
         let stop = AtomicBool::new(false);
+        let cell = Arc::as_ptr(domain.cell()) as usize;
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
                     let mut rounds = 0u64;
                     while !stop.load(Ordering::Relaxed) || rounds == 0 {
-                        for &k in &stable {
-                            assert!(managed_cell(k).is_some_and(|c| std::ptr::eq(c, domain.cell())), "lost {k:#x}");
+                        for &k in &stable_cqs {
+                            assert_eq!(cell_of(k as *mut ibv_cq).map(|c| c as usize), Some(cell), "lost {k:#x}");
                         }
-                        for &k in &absent {
-                            assert!(managed_cell(k).is_none(), "found {k:#x}");
+                        for &k in &absent_cqs {
+                            assert!(cell_of(k as *mut ibv_cq).is_none(), "found {k:#x}");
                         }
                         rounds += 1;
                     }
                 });
             }
-            let churn = |i: usize| (0x7f00_0020_0000 + (i % 240) * 0x40) as *mut ibv_cq;
-            for i in 0..3000 {
-                manage(churn(i), &domain);
-                if i % 3 != 0 {
-                    unmanage(churn(i));
+            for round in 0..100 {
+                let mut d = Device::new(6);
+                let other = Domain::new();
+                for i in 0..6 {
+                    // SAFETY: as above.
+                    unsafe { manage(d.cq(i), if i % 2 == 0 { &domain } else { &other }) }.expect("managed");
                 }
-            }
-            for i in 0..240 {
-                unmanage(churn(i));
+                for i in 0..6 {
+                    assert_eq!(d.poll(i), 0);
+                    unmanage(d.cq((i + round) % 6));
+                }
+                assert!(!d.patched());
             }
             stop.store(true, Ordering::Relaxed);
         });
-        for &k in &stable {
-            unmanage(k as *mut ibv_cq);
-            assert!(managed_cell(k).is_none());
+        for i in 0..8 {
+            unmanage(stable.cq(i));
+            assert!(cell_of(stable.cq(i)).is_none());
         }
-    }
-
-    /// The table keeps every live key findable through puts, removals (backward shifts across the wrap) and
-    /// colliding keys.
-    #[test]
-    fn table_finds_every_live_key_after_removals() {
-        let table = Table::new(16);
-        let cell: &'static DomainCell = Domain::new().cell();
-        let mut live: Vec<usize> = Vec::new();
-        let mut x: u64 = 1;
-        for step in 0..4000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let key = ((x % 24) as usize + 1) * 64;
-            if live.contains(&key) {
-                table.remove(key);
-                live.retain(|&k| k != key);
-            } else if live.len() < 8 {
-                table.put(key, cell);
-                live.push(key);
-            }
-            for k in (1..=24).map(|i| i * 64) {
-                assert_eq!(table.find(k).is_some(), live.contains(&k), "step {step}, key {k}");
-            }
-        }
+        assert!(!stable.patched());
+        assert_eq!(absent.poll(0), 0);
+        assert_eq!(counts(), (0, 0));
     }
 }

@@ -73,12 +73,18 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
         let _ = m.sqd.update_capacity();
         return Ok(());
     }
-    // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs.
-    let originals = unsafe { interpose::install((*cq).context) }?;
+    // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs (and so the CQ's
+    // management, which ends with its last qpair).
+    let originals = unsafe { interpose::manage(cq, domain) }?;
     // SAFETY: as above; the originals are the provider's own ops for this CQ's context.
-    let handle = unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) }.map_err(|e| e.message().to_owned())?;
+    let handle = match unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) } {
+        Ok(h) => h,
+        Err(e) => {
+            interpose::unmanage(cq);
+            return Err(e.message().to_owned());
+        }
+    };
     state.cqs.push(ManagedCq { cq, sqd: sqdisc::Cq::new(handle), pending: Pending::default() });
-    interpose::manage(cq, domain);
     Ok(())
 }
 
