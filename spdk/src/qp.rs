@@ -51,6 +51,37 @@ fn verify_buffers() -> bool {
     *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_VERIFY_BUFFERS").is_some_and(|v| v == "1"))
 }
 
+/// The backlog-pool limit of every CQ the provider manages when the process has no
+/// `SQDISC_SPDK_BACKLOG_LIMIT` (see [`backlog_limit`]).
+pub(crate) const DEFAULT_BACKLOG_LIMIT: u32 = 16;
+
+/// The most WRs the qpairs of one CQ may park at once, all together (`sqd_cq_set_backlog_limit`): without a
+/// limit a CQ's backlog pool keeps room for every qpair's whole backlog, about 100 KB for a qpair of SPDK's
+/// shape (max_send_wr 256, 16 SGEs), while under SPDK, which admits no more WRs than max_send_wr, WRs park
+/// rarely. `SQDISC_SPDK_BACKLOG_LIMIT` in the environment when the process makes its first qpair changes it: a
+/// number of WRs, or 0 for no limit (each qpair's backlog then has room for max_send_wr WRs of its own); a
+/// value that is not a number up to 1048576 is logged and the default kept. A flush that would park a WR past
+/// the limit gets what a full SQ gives raw verbs: ENOMEM, `*bad_wr` at the first WR not taken.
+fn backlog_limit() -> u32 {
+    static LIMIT: OnceLock<u32> = OnceLock::new();
+    *LIMIT.get_or_init(|| match std::env::var("SQDISC_SPDK_BACKLOG_LIMIT") {
+        Err(std::env::VarError::NotPresent) => DEFAULT_BACKLOG_LIMIT,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n <= 1 << 20 => n,
+            _ => {
+                log_error(&format!(
+                    "SQDISC_SPDK_BACKLOG_LIMIT={v:?} is not a number of WRs up to 1048576; using {DEFAULT_BACKLOG_LIMIT}"
+                ));
+                DEFAULT_BACKLOG_LIMIT
+            }
+        },
+        Err(_) => {
+            log_error(&format!("SQDISC_SPDK_BACKLOG_LIMIT is not valid Unicode; using {DEFAULT_BACKLOG_LIMIT}"));
+            DEFAULT_BACKLOG_LIMIT
+        }
+    })
+}
+
 /// Finds the domain the new qpair's CQs and SRQ live in, or a new one; `None` if they are in different ones.
 fn pick_domain(send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, srq: Option<&Arc<Domain>>) -> Option<Arc<Domain>> {
     let mut found: Vec<Arc<Domain>> = [interpose::domain_of(send_cq), interpose::domain_of(recv_cq), srq.cloned()]
@@ -84,7 +115,16 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
             return Err(e.message().to_owned());
         }
     };
-    state.cqs.push(ManagedCq { cq, sqd: sqdisc::Cq::new(handle), pending: Pending::default() });
+    let sqd = sqdisc::Cq::new(handle);
+    let limit = backlog_limit();
+    if limit != 0 {
+        if let Err(e) = sqd.set_backlog_limit(limit) {
+            drop(sqd);
+            interpose::unmanage(cq);
+            return Err(e.message().to_owned());
+        }
+    }
+    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default() });
     Ok(())
 }
 
@@ -463,6 +503,9 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                         Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
                     }
                 }
+                // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
+                // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
+                Err(e) if e.error.errno() == libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
                 Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
             }
         });
