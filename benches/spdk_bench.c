@@ -1,6 +1,7 @@
 /* spdk_bench: what libsqdisc_spdk costs SPDK per WR, against a provider that does what SPDK's verbs provider
- * does (a list appended by queue_send_wrs, one ibv_post_send per flush), on the software HCA's null mode
- * (every WQE completes at post: what is measured is the provider's work plus the device's minimal path).
+ * does (a list appended by queue_send_wrs, one ibv_post_send per flush), on the null provider of the
+ * benchmarks (benches/null_provider.h: a few instructions per WR, every WQE complete at post), so that what is
+ * measured is the providers' own work.
  *
  * The loop is the NVMe-oF target's: requests of three unsignaled RDMA WRITEs chained before a signaled
  * response SEND, admitted while SPDK's send depth allows (max_send_wr = 2 * qd), each queued with
@@ -16,9 +17,9 @@
 
 #define _GNU_SOURCE
 #include <sqdisc_spdk.h>
-#include <sqdisc_sim.h>
 
-#include "../c-tests/support/spdk_standin.h"
+#include "null_provider.h"
+#include "spdk_null_standin.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -29,7 +30,7 @@
 #define DIE(...)                                                                                             \
     do {                                                                                                     \
         fprintf(stderr, "spdk_bench: " __VA_ARGS__);                                                         \
-        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, standin.last_log);                          \
+        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, bench.last_log);                          \
         exit(1);                                                                                             \
     } while (0)
 
@@ -104,17 +105,17 @@ int main(int argc, char **argv)
         DIE("need 1 <= batch, 2 <= qd <= %d, batch * %d <= 2 * qd", MAX_QD / 2, PER);
     unsigned max_send = 2 * qd, slots = max_send / PER;
 
-    struct sqd_sim_config cfg;
-    sqd_sim_config_default(&cfg);
-    cfg.flags = SQD_SIM_NULL;
-    if (sqd_sim_new(&cfg, &standin.sim))
-        DIE("sqd_sim_new");
-    struct ibv_mr *mr = NULL;
-    if (sqd_sim_reg_mr(standin.sim, data, sizeof data, IBV_ACCESS_LOCAL_WRITE, &mr))
-        DIE("reg_mr");
-    struct ibv_cq *cq = NULL;
-    if (sqd_sim_create_cq(standin.sim, 4096, &cq))
+    bench.dev = null_device_new();
+    if (!bench.dev)
+        DIE("null_device_new");
+    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
+    if (!cq)
         DIE("create_cq");
+    /* The null device reads no SGE, and has no PD: one stands for it. */
+    struct ibv_pd pd;
+    memset(&pd, 0, sizeof pd);
+    pd.context = cq->context;
+    const uint32_t lkey = 0x1234;
 
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);
@@ -124,7 +125,7 @@ int main(int argc, char **argv)
     struct spdk_rdma_provider_qp_init_attr a;
     memset(&a, 0, sizeof a);
     a.send_cq = a.recv_cq = cq;
-    a.pd = sqd_sim_pd(standin.sim);
+    a.pd = &pd;
     a.cap.max_send_wr = max_send;
     a.cap.max_recv_wr = 1;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
@@ -138,7 +139,8 @@ int main(int argc, char **argv)
         qa.send_cq = qa.recv_cq = cq;
         qa.qp_type = IBV_QPT_RC;
         qa.cap = a.cap;
-        if (sqd_sim_create_qp(standin.sim, &qa, &vq.qp))
+        vq.qp = null_create_qp(bench.dev, &qa);
+        if (!vq.qp)
             DIE("create_qp");
     }
 
@@ -159,7 +161,7 @@ int main(int argc, char **argv)
             for (int j = 0; j < PER; j++) {
                 r->sge[j].addr = (uintptr_t)data[j];
                 r->sge[j].length = 64;
-                r->sge[j].lkey = mr->lkey;
+                r->sge[j].lkey = lkey;
                 r->wr[j].wr_id = (uint64_t)s * PER + (uint64_t)j;
                 r->wr[j].sg_list = &r->sge[j];
                 r->wr[j].num_sge = 1;
@@ -190,8 +192,8 @@ int main(int argc, char **argv)
         }
     }
 
-    struct sqd_sim_stats st;
-    sqd_sim_stats(standin.sim, &st);
+    struct null_stats st;
+    null_device_stats(bench.dev, &st);
     /* Heap allocations so far, when benches/alloc_count.so is preloaded (set up and loop; the script
      * subtracts a 0-request run). */
     typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
@@ -204,9 +206,9 @@ int main(int argc, char **argv)
            use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs);
     if (use_sqdisc)
         spdk_rdma_provider_qp_destroy(sq);
-    else if (sqd_sim_destroy_qp(vq.qp))
+    else if (null_destroy_qp(vq.qp))
         DIE("destroy_qp");
-    if (sqd_sim_destroy_cq(cq) || sqd_sim_dereg_mr(mr) || sqd_sim_free(standin.sim))
+    if (null_destroy_cq(cq) || null_device_free(bench.dev))
         DIE("teardown");
     free(req);
     free(free_slots);
