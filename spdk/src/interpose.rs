@@ -24,7 +24,7 @@
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
@@ -61,6 +61,25 @@ fn bucket(cq: usize) -> usize {
 /// provider op for every patched context), [`route_managed`] (a managed CQ may be in the bucket) or
 /// [`route_lookup`] (patched contexts have different ops: look the CQ's context up).
 static ROUTES: [AtomicCell<PollFn>; ROUTES_LEN] = [const { AtomicCell::new(route_lookup as PollFn) }; ROUTES_LEN];
+
+/// A managed CQ's record in its bucket's [`OWNERS`] slot: immutable, freed only once no poller can hold it.
+struct Owner {
+    cq: usize,
+    poll: PollFn,
+    cell: Arc<DomainCell>,
+}
+
+/// The first managed CQ of each bucket, found by [`route_managed`] without the epoch: a poller counts itself in
+/// `readers` while it may hold `owner`, and a record taken out of its slot is freed only once `readers` has
+/// been seen at 0 after it (then no poller that could have loaded it is still inside). Other managed CQs of a
+/// bucket (collisions, rare) are found in the snapshot.
+struct OwnerSlot {
+    readers: AtomicUsize,
+    owner: AtomicPtr<Owner>,
+}
+
+static OWNERS: [OwnerSlot; ROUTES_LEN] =
+    [const { OwnerSlot { readers: AtomicUsize::new(0), owner: AtomicPtr::new(std::ptr::null_mut()) } }; ROUTES_LEN];
 
 /// The poll op shared by every context ever patched while they all had the same one (one driver), else 0.
 /// It never changes from one op to another: a thread that read a route a moment before it changed still calls
@@ -161,9 +180,16 @@ struct Writer {
     cqs: Vec<CqEntry>,
     contexts: Vec<ContextEntry>,
     buckets: Vec<u32>,
+    /// Owner records taken out of their slot (bucket, record), until no poller can hold them.
+    retired: Vec<(usize, *mut Owner)>,
 }
 
-static WRITER: Mutex<Writer> = Mutex::new(Writer { cqs: Vec::new(), contexts: Vec::new(), buckets: Vec::new() });
+// SAFETY: the retired records are only reached under the mutex, and freed as `Box`es made on any thread; an
+// `Owner` holds an `Arc<DomainCell>` (Send + Sync) and plain values.
+unsafe impl Send for Writer {}
+
+static WRITER: Mutex<Writer> =
+    Mutex::new(Writer { cqs: Vec::new(), contexts: Vec::new(), buckets: Vec::new(), retired: Vec::new() });
 
 fn writer() -> MutexGuard<'static, Writer> {
     WRITER.lock().unwrap_or_else(|e| e.into_inner())
@@ -181,6 +207,32 @@ fn publish(w: &Writer) {
     // Hand the garbage to the global queue now (and collect what has expired) rather than let it wait in
     // this thread's bag, which a thread that rarely makes qpairs would fill only slowly.
     guard.flush();
+}
+
+/// Frees the retired owner records no poller can hold any more.
+fn reclaim_owners(w: &mut Writer) {
+    w.retired.retain(|&(b, rec)| {
+        // SeqCst, as the readers' increment and the slot's clearing: a 0 read here, after the clearing, means
+        // every poller that counted itself before the clearing has left, and those after it cannot see `rec`.
+        if OWNERS[b].readers.load(Ordering::SeqCst) != 0 {
+            return true;
+        }
+        // SAFETY: made by `Box::into_raw` in `set_owner`, out of its slot, and no poller holds it (above).
+        drop(unsafe { Box::from_raw(rec) });
+        false
+    });
+}
+
+/// Makes the first managed CQ of bucket `b` in `w` (if any) the slot's owner, when the slot has none.
+fn fill_owner(w: &Writer, b: usize) {
+    let slot = &OWNERS[b];
+    if !slot.owner.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let Some(e) = w.cqs.iter().find(|e| bucket(e.cq) == b) else { return };
+    let Some(c) = w.contexts.iter().find(|c| c.ctx == e.ctx) else { return };
+    let rec = Box::into_raw(Box::new(Owner { cq: e.cq, poll: c.originals.poll, cell: e.domain.cell().clone() }));
+    slot.owner.store(rec, Ordering::SeqCst);
 }
 
 /// Patches `ctx` if it is not (its poll op and route words first, then the entry), and returns its ops.
@@ -250,6 +302,8 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Ori
     if let Some(e) = w.cqs.iter_mut().find(|e| e.cq == key) {
         e.domain = domain.clone();
         publish(&w);
+        retire_owner(&mut w, key);
+        fill_owner(&w, bucket(key));
         return Ok(originals);
     }
     w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone() });
@@ -262,7 +316,9 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Ori
     }
     let b = bucket(key);
     w.buckets[b] += 1;
+    fill_owner(&w, b);
     ROUTES[b].store(route_managed);
+    reclaim_owners(&mut w);
     Ok(originals)
 }
 
@@ -278,6 +334,8 @@ pub(crate) fn unmanage(cq: *mut ibv_cq) {
     if w.buckets[b] == 0 {
         ROUTES[b].store(unmanaged_route());
     }
+    retire_owner(&mut w, key);
+    fill_owner(&w, b);
     let mut restore = None;
     if let Some(at) = w.contexts.iter().position(|c| c.ctx == e.ctx) {
         w.contexts[at].cqs -= 1;
@@ -295,12 +353,26 @@ pub(crate) fn unmanage(cq: *mut ibv_cq) {
         }
     }
     publish(&w);
+    reclaim_owners(&mut w);
     if w.cqs.is_empty() {
         w.cqs = Vec::new();
         w.contexts = Vec::new();
     }
     drop(w);
     drop(e);
+}
+
+/// Takes `cq`'s record out of its bucket's slot, if it is the owner, for [`reclaim_owners`].
+fn retire_owner(w: &mut Writer, cq: usize) {
+    let b = bucket(cq);
+    let slot = &OWNERS[b];
+    let rec = slot.owner.load(Ordering::Relaxed);
+    // SAFETY: a record in a slot is live (freed only after it leaves the slot, under this mutex).
+    if rec.is_null() || unsafe { (*rec).cq } != cq {
+        return;
+    }
+    slot.owner.store(std::ptr::null_mut(), Ordering::SeqCst);
+    w.retired.push((b, rec));
 }
 
 /// The domain that manages `cq`, if any.
@@ -332,6 +404,29 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 /// # Safety
 /// As for [`poll_cq`].
 unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the bucket index is below `ROUTES_LEN`.
+    let slot = unsafe { OWNERS.get_unchecked(bucket(cq as usize)) };
+    slot.readers.fetch_add(1, Ordering::SeqCst);
+    let rec = slot.owner.load(Ordering::SeqCst);
+    // SAFETY: a record loaded from its slot while counted in `readers` stays allocated until the count is left
+    // (`reclaim_owners`); its fields are immutable.
+    if let Some(owner) = unsafe { rec.as_ref() }.filter(|o| o.cq == cq as usize) {
+        // SAFETY: as `ibv_poll_cq` promises; the cell lives as long as the record.
+        let got = unsafe { poll_managed_boundary(&owner.cell, owner.poll, cq, n, wc) };
+        slot.readers.fetch_sub(1, Ordering::Release);
+        return got;
+    }
+    slot.readers.fetch_sub(1, Ordering::Release);
+    // SAFETY: as `poll_cq` promises.
+    unsafe { route_snapshot(cq, n, wc) }
+}
+
+/// A CQ of a bucket with a managed CQ that is not the bucket's owner: looked up in the snapshot.
+///
+/// # Safety
+/// As for [`poll_cq`].
+#[inline(never)]
+unsafe fn route_snapshot(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     let guard = epoch::pin();
     let Some(snap) = snapshot(&guard) else {
         // SAFETY: as `poll_cq` promises.
