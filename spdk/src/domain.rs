@@ -10,8 +10,49 @@ use std::mem::ManuallyDrop;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
+use std::num::NonZeroUsize;
+
+use parking_lot::lock_api::{self, GetThreadId};
+use parking_lot::RawMutex;
 use rdma_sys::{ibv_cq, ibv_wc};
+
+/// The current thread's identity for the domains' reentrant locks: its thread pointer (`fs:0` on x86_64, the
+/// TCB's own address; `tpidr_el0` on aarch64), one instruction where parking_lot's default takes the address of a
+/// thread-local, which a shared library reaches through a `__tls_get_addr` call on every lock.
+pub(crate) struct ThreadPointer;
+
+// SAFETY: the thread pointer is non-zero and distinct for every thread alive at the same time (it is the
+// address of that thread's own control block), which is what the trait asks of an identity.
+unsafe impl GetThreadId for ThreadPointer {
+    const INIT: ThreadPointer = ThreadPointer;
+
+    #[inline(always)]
+    fn nonzero_thread_id(&self) -> NonZeroUsize {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let tp: usize;
+            // SAFETY: reads the word at fs:0, which the C library sets to the thread control block's own address
+            // for every thread (the x86_64 TLS ABI); no memory is written.
+            unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags)) };
+            if let Some(id) = NonZeroUsize::new(tp) {
+                return id;
+            }
+        }
+        #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
+        {
+            let tp: usize;
+            // SAFETY: reads the thread pointer register; no memory is touched.
+            unsafe { std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nomem, nostack, preserves_flags)) };
+            if let Some(id) = NonZeroUsize::new(tp) {
+                return id;
+            }
+        }
+        parking_lot::RawThreadId.nonzero_thread_id()
+    }
+}
+
+type ReentrantMutex<T> = lock_api::ReentrantMutex<RawMutex, ThreadPointer, T>;
+pub(crate) type ReentrantMutexGuard<'a, T> = lock_api::ReentrantMutexGuard<'a, RawMutex, ThreadPointer, T>;
 
 /// Work completions the provider owes SPDK that no CQE carries (WRs flushed before they reached the SQ), in
 /// the order raw verbs would have delivered them; returned by the next polls of their CQ before new CQEs.

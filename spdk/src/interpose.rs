@@ -550,8 +550,12 @@ unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: 
     k as c_int
 }
 
+#[inline(always)]
 fn take_pending(pending: &crate::domain::Pending, out: &mut [ibv_wc]) -> usize {
     let mut p = pending.borrow_mut();
+    if p.is_empty() {
+        return 0;
+    }
     let k = p.len().min(out.len());
     for (slot, wc) in out.iter_mut().zip(p.drain(..k)) {
         *slot = wc;
