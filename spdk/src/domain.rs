@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use std::num::NonZeroUsize;
@@ -63,6 +64,41 @@ pub(crate) struct ManagedCq {
     pub cq: *mut ibv_cq,
     pub sqd: sqdisc::Cq,
     pub pending: Pending,
+    pub gate: Arc<CqGate>,
+}
+
+impl ManagedCq {
+    /// Records, for the poll path's lock-free check, whether an empty poll must go through sqdisc: flush
+    /// completions are owed, or a queue's idle tail is watched. Called under the domain's lock after everything
+    /// that may change either (a poll, a flush).
+    #[inline]
+    pub fn update_gate(&self) {
+        let needs = !self.pending.borrow().is_empty() || self.sqd.has_watched_tails();
+        self.gate.needs_sqdisc.store(needs, Ordering::Relaxed);
+    }
+}
+
+/// What the poll path reads of a managed CQ without the domain's lock.
+pub(crate) struct CqGate {
+    /// An empty poll must go through sqdisc ([`ManagedCq::update_gate`]); else the device's op alone answers
+    /// it, and only CQEs it finds are taken to sqdisc (under the lock).
+    pub needs_sqdisc: AtomicBool,
+    /// The thread polling the CQ now (its [`ThreadPointer`] identity), or 0: pollers of one CQ take turns, so
+    /// that CQEs reach sqdisc in the order the device gave them even when the device is polled before the lock
+    /// is taken.
+    pub poller: AtomicUsize,
+}
+
+impl CqGate {
+    pub fn new() -> Arc<CqGate> {
+        Arc::new(CqGate { needs_sqdisc: AtomicBool::new(false), poller: AtomicUsize::new(0) })
+    }
+}
+
+/// The current thread's identity, as the domains' locks see it.
+#[inline(always)]
+pub(crate) fn thread_id() -> usize {
+    ThreadPointer.nonzero_thread_id().get()
 }
 
 pub(crate) struct DomainState {

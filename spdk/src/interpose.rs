@@ -32,7 +32,7 @@ use crossbeam_utils::atomic::AtomicCell;
 use rdma_sys::{ibv_context, ibv_cq, ibv_wc};
 use sqdisc::verbs::{NotifyFn, PollFn};
 
-use crate::domain::{Domain, DomainCell};
+use crate::domain::{thread_id, CqGate, Domain, DomainCell};
 
 /// A device context whose `poll_cq` is replaced, with the provider's ops.
 #[derive(Clone, Copy)]
@@ -67,6 +67,7 @@ struct Owner {
     cq: usize,
     poll: PollFn,
     cell: Arc<DomainCell>,
+    gate: Arc<CqGate>,
 }
 
 /// The first managed CQ of each bucket, found by [`route_managed`] without the epoch: a poller counts itself in
@@ -105,6 +106,7 @@ struct CqSlot {
     cq: usize,
     poll: Option<PollFn>,
     cell: Option<Arc<DomainCell>>,
+    gate: Option<Arc<CqGate>>,
 }
 
 /// The managed CQs (open addressing, linear probing, at most half full) and the patched contexts with their
@@ -118,7 +120,7 @@ struct Snapshot {
 impl Snapshot {
     fn new(w: &Writer) -> Snapshot {
         let len = (2 * w.cqs.len()).next_power_of_two().max(4);
-        let mut slots: Box<[CqSlot]> = (0..len).map(|_| CqSlot { cq: 0, poll: None, cell: None }).collect();
+        let mut slots: Box<[CqSlot]> = (0..len).map(|_| CqSlot { cq: 0, poll: None, cell: None, gate: None }).collect();
         let mask = len - 1;
         for e in &w.cqs {
             let poll = w.contexts.iter().find(|c| c.ctx == e.ctx).map(|c| c.originals.poll);
@@ -126,7 +128,7 @@ impl Snapshot {
             while slots[i].cq != 0 {
                 i = (i + 1) & mask;
             }
-            slots[i] = CqSlot { cq: e.cq, poll, cell: Some(e.domain.cell().clone()) };
+            slots[i] = CqSlot { cq: e.cq, poll, cell: Some(e.domain.cell().clone()), gate: Some(e.gate.clone()) };
         }
         let contexts = w.contexts.iter().map(|c| (c.ctx, c.originals.poll)).collect();
         Snapshot { mask, slots, contexts }
@@ -172,6 +174,7 @@ struct CqEntry {
     cq: usize,
     ctx: usize,
     domain: Arc<Domain>,
+    gate: Arc<CqGate>,
 }
 
 /// The writers' side, under one mutex: the managed CQs with their domains (for qpair creation and stats), the
@@ -231,7 +234,7 @@ fn fill_owner(w: &Writer, b: usize) {
     }
     let Some(e) = w.cqs.iter().find(|e| bucket(e.cq) == b) else { return };
     let Some(c) = w.contexts.iter().find(|c| c.ctx == e.ctx) else { return };
-    let rec = Box::into_raw(Box::new(Owner { cq: e.cq, poll: c.originals.poll, cell: e.domain.cell().clone() }));
+    let rec = Box::into_raw(Box::new(Owner { cq: e.cq, poll: c.originals.poll, cell: e.domain.cell().clone(), gate: e.gate.clone() }));
     slot.owner.store(rec, Ordering::SeqCst);
 }
 
@@ -288,11 +291,11 @@ fn set_unmanaged_routes(w: &Writer) {
 }
 
 /// Routes `cq` (a CQ of a live context) through `domain` from now on, patching its context if needed; returns
-/// the provider's ops for it.
+/// the provider's ops for it and the CQ's gate (new, or the one it has if it was managed already).
 ///
 /// # Safety
 /// `cq` is a live CQ whose context stays alive while the CQ is managed.
-pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Originals, &'static str> {
+pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Originals, Arc<CqGate>), &'static str> {
     let mut w = writer();
     // SAFETY: `cq` is live (caller's promise); a field read.
     let ctx = unsafe { (*cq).context };
@@ -301,12 +304,14 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Ori
     let key = cq as usize;
     if let Some(e) = w.cqs.iter_mut().find(|e| e.cq == key) {
         e.domain = domain.clone();
+        let gate = e.gate.clone();
         publish(&w);
         retire_owner(&mut w, key);
         fill_owner(&w, bucket(key));
-        return Ok(originals);
+        return Ok((originals, gate));
     }
-    w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone() });
+    let gate = CqGate::new();
+    w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone(), gate: gate.clone() });
     if let Some(c) = w.contexts.iter_mut().find(|c| c.ctx == ctx as usize) {
         c.cqs += 1;
     }
@@ -319,7 +324,7 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<Ori
     fill_owner(&w, b);
     ROUTES[b].store(route_managed);
     reclaim_owners(&mut w);
-    Ok(originals)
+    Ok((originals, gate))
 }
 
 /// Polls of `cq` go straight to the provider again; its context's entry is put back if it was its last
@@ -412,7 +417,7 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
     // (`reclaim_owners`); its fields are immutable.
     if let Some(owner) = unsafe { rec.as_ref() }.filter(|o| o.cq == cq as usize) {
         // SAFETY: as `ibv_poll_cq` promises; the cell lives as long as the record.
-        let got = unsafe { poll_managed_boundary(&owner.cell, owner.poll, cq, n, wc) };
+        let got = unsafe { poll_gated(&owner.cell, &owner.gate, owner.poll, cq, n, wc) };
         slot.readers.fetch_sub(1, Ordering::Release);
         return got;
     }
@@ -433,9 +438,9 @@ unsafe fn route_snapshot(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
         return unsafe { route_unmanaged(cq, n, wc) };
     };
     match snap.cq(cq as usize) {
-        Some(CqSlot { poll: Some(poll), cell: Some(cell), .. }) => {
-            // SAFETY: as `ibv_poll_cq` promises; the cell lives while `guard` pins the snapshot.
-            unsafe { poll_managed_boundary(cell, *poll, cq, n, wc) }
+        Some(CqSlot { poll: Some(poll), cell: Some(cell), gate: Some(gate), .. }) => {
+            // SAFETY: as `ibv_poll_cq` promises; the cell and gate live while `guard` pins the snapshot.
+            unsafe { poll_gated(cell, gate, *poll, cq, n, wc) }
         }
         _ => {
             drop(guard);
@@ -508,22 +513,67 @@ fn context_op(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     unsafe { std::mem::transmute::<usize, PollFn>(op)(cq, n, wc) }
 }
 
+/// Polls a managed CQ: takes the CQ's turn, then, when an empty poll needs nothing of sqdisc (no owed flush
+/// completions, no idle tail watched: `CqGate::needs_sqdisc`), asks the device first and goes to sqdisc, under
+/// the domain's lock, only with the CQEs it found; else polls through sqdisc under the lock.
+///
+/// # Safety
+/// As for [`poll_cq`]; `original` is the provider's op for `cq`.
+#[inline(always)]
+unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let me = thread_id();
+    let mut spins = 0u32;
+    let reentered = loop {
+        match gate.poller.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break false,
+            Err(t) if t == me => break true,
+            Err(_) => {
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    };
+    if reentered {
+        // A poll from inside this thread's own poll of the CQ: sqdisc refuses it, as it would without the gate.
+        // SAFETY: the caller's promise.
+        return unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) };
+    }
+    let got = if gate.needs_sqdisc.load(Ordering::Relaxed) {
+        // SAFETY: the caller's promise.
+        unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
+    } else {
+        // SAFETY: the provider's own op, called as `ibv_poll_cq` would have; this thread has the CQ's turn.
+        match unsafe { original(cq, n, wc) } {
+            found if found <= 0 => found,
+            // SAFETY: the caller's promise; `found` CQEs are in `wc`.
+            found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
+        }
+    };
+    gate.poller.store(0, Ordering::Release);
+    got
+}
+
 /// [`poll_managed`] behind a panic boundary.
 ///
 /// # Safety
 /// As for [`poll_managed`].
 #[inline(never)]
-unsafe fn poll_managed_boundary(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe fn poll_managed_boundary(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: Option<usize>) -> c_int {
     // SAFETY: the caller's promise.
-    catch_unwind(AssertUnwindSafe(|| unsafe { poll_managed(cell, original, cq, n, wc) })).unwrap_or(-libc::EIO)
+    catch_unwind(AssertUnwindSafe(|| unsafe { poll_managed(cell, original, cq, n, wc, found) })).unwrap_or(-libc::EIO)
 }
 
-/// Polls a managed CQ through sqdisc, under its domain's lock.
+/// Polls a managed CQ through sqdisc, under its domain's lock; with `found`, the device's op was called already
+/// and put that many CQEs in `wc`.
 ///
 /// # Safety
 /// As for [`poll_cq`]; `original` is the provider's op for `cq`.
 #[inline]
-unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: Option<usize>) -> c_int {
     if n <= 0 || wc.is_null() {
         return 0;
     }
@@ -534,20 +584,56 @@ unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: 
     let Some(m) = state.cq(cq) else {
         drop(state);
         drop(held);
-        // SAFETY: unmanaged in the meantime: the provider's own op.
-        return unsafe { original(cq, n, wc) };
+        return match found {
+            // Unmanaged in the meantime: the device's answer as it is.
+            Some(k) => k as c_int,
+            // SAFETY: unmanaged in the meantime: the provider's own op.
+            None => unsafe { original(cq, n, wc) },
+        };
     };
-    let mut k = take_pending(&m.pending, out);
-    if k < out.len() {
-        match m.sqd.poll(&mut out[k..]) {
-            Ok(got) => k += got,
-            Err(e) if k == 0 => return -e.errno(),
-            Err(_) => {}
+    let result = match found {
+        None => {
+            let mut k = take_pending(&m.pending, out);
+            if k < out.len() {
+                match m.sqd.poll(&mut out[k..]) {
+                    Ok(got) => k += got,
+                    Err(e) if k == 0 => {
+                        m.update_gate();
+                        return -e.errno();
+                    }
+                    Err(_) => {}
+                }
+                // Flushes owed for WRs that never reached the SQ come after the CQEs that made them due.
+                k += take_pending(&m.pending, &mut out[k..]);
+            }
+            k as c_int
         }
-        // Flushes owed for WRs that never reached the SQ come after the CQEs that made them due.
-        k += take_pending(&m.pending, &mut out[k..]);
-    }
-    k as c_int
+        Some(got) => {
+            let owed_before = m.pending.borrow().len();
+            match m.sqd.poll_found(out, got) {
+                Ok(mut k) if owed_before == 0 => {
+                    k += take_pending(&m.pending, &mut out[k..]);
+                    k as c_int
+                }
+                // Completions were owed before these CQEs (owed by another thread's flush since this poll's check):
+                // they go first, then these, then what these made due.
+                Ok(k) => {
+                    // SAFETY: `ibv_wc` is plain C data (no destructor, no pointers owned): a bitwise copy is a copy.
+                    let seen: Vec<ibv_wc> = out[..k].iter().map(|w| unsafe { std::ptr::read(w) }).collect();
+                    {
+                        let mut p = m.pending.borrow_mut();
+                        let newer: Vec<ibv_wc> = p.drain(owed_before..).collect();
+                        p.extend(seen);
+                        p.extend(newer);
+                    }
+                    take_pending(&m.pending, out) as c_int
+                }
+                Err(e) => -e.errno(),
+            }
+        }
+    };
+    m.update_gate();
+    result
 }
 
 #[inline(always)]

@@ -27,6 +27,8 @@ pub(crate) struct ShimQp {
 pub(crate) struct QpState {
     pub queue: Queue,
     qp_num: u32,
+    /// The send CQ, whose gate a flush updates.
+    send_cq: *mut ibv_cq,
     pending: Pending,
     /// Set while the qpair is destroyed: releases then owe SPDK nothing.
     destroying: Rc<Cell<bool>>,
@@ -106,7 +108,7 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
     }
     // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs (and so the CQ's
     // management, which ends with its last qpair).
-    let originals = unsafe { interpose::manage(cq, domain) }?;
+    let (originals, gate) = unsafe { interpose::manage(cq, domain) }?;
     // SAFETY: as above; the originals are the provider's own ops for this CQ's context.
     let handle = match unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) } {
         Ok(h) => h,
@@ -124,7 +126,7 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
             return Err(e.message().to_owned());
         }
     }
-    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default() });
+    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate });
     Ok(())
 }
 
@@ -342,7 +344,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         // The releases that owe SPDK something (a WR flushed from the backlog, a modified buffer) still come one
         // by one to `release` above.
         queue.set_release_batch(Box::new(|_| {})).map_err(|e| e.message().to_owned())?;
-        Ok(QpState { queue, qp_num, pending, destroying })
+        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying })
     })();
     match result {
         Ok(state) => Ok(Guarded::new(domain.clone(), state)),
@@ -480,10 +482,11 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             return 0;
         };
         let Some(state) = &s.state else { return libc::EINVAL };
-        let result = state.with(|q, _| {
+        let result = state.with(|q, st| {
             // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
             let chain = unsafe { SendChain::from_raw(first) };
-            match q.queue.post_send(chain) {
+            let posted = q.queue.post_send(chain);
+            let result = match posted {
                 Ok(()) => Ok(()),
                 Err(e) if e.error.errno() == libc::EIO && q.queue.stats().failed_status != 0 => {
                     // The QP failed: raw verbs would take these WRs and flush each with its own completion.
@@ -507,7 +510,13 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                 // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
                 Err(e) if e.error.errno() == libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
                 Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
+            };
+            // The post may have left an idle tail to watch, or owed SPDK completions: the send CQ's next empty
+            // poll must then go through sqdisc.
+            if let Some(m) = st.try_borrow().ok().as_ref().and_then(|st| st.cq(q.send_cq)) {
+                m.update_gate();
             }
+            result
         });
         // SAFETY: checked non-NULL above.
         unsafe { wr_list::finish(bad_wr, result) }
