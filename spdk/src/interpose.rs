@@ -515,18 +515,59 @@ fn context_op(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
 
 /// Polls a managed CQ: takes the CQ's turn, then, when an empty poll needs nothing of sqdisc (no owed flush
 /// completions, no idle tail watched: `CqGate::needs_sqdisc`), asks the device first and goes to sqdisc, under
-/// the domain's lock, only with the CQEs it found; else polls through sqdisc under the lock.
+/// the domain's lock, only with the CQEs it found; else polls through sqdisc under the lock. The common case, the
+/// turn free and the device's answer empty, stays in this function; the rest is out of line.
 ///
 /// # Safety
 /// As for [`poll_cq`]; `original` is the provider's op for `cq`.
 #[inline(always)]
 unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if gate.poller.compare_exchange(0, thread_id(), Ordering::Acquire, Ordering::Relaxed).is_err() {
+        // SAFETY: the caller's promise.
+        return unsafe { poll_gated_slow(cell, gate, original, cq, n, wc, false) };
+    }
+    if gate.needs_sqdisc.load(Ordering::Relaxed) {
+        // SAFETY: the caller's promise; this thread has the turn.
+        return unsafe { poll_gated_slow(cell, gate, original, cq, n, wc, true) };
+    }
+    // SAFETY: the provider's own op, called as `ibv_poll_cq` would have; this thread has the CQ's turn.
+    let found = unsafe { original(cq, n, wc) };
+    if found > 0 {
+        // SAFETY: the caller's promise; `found` CQEs are in `wc`, and this thread has the CQ's turn.
+        return unsafe { poll_gated_found(cell, gate, original, cq, n, wc, found) };
+    }
+    gate.poller.store(0, Ordering::Release);
+    found
+}
+
+/// The CQEs the device gave [`poll_gated`], through sqdisc; gives the CQ's turn back.
+///
+/// # Safety
+/// As for [`poll_gated`], with the CQ's turn taken and `found` CQEs in `wc`.
+#[cold]
+#[inline(never)]
+unsafe fn poll_gated_found(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
+    // SAFETY: the caller's promise.
+    let got = unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) };
+    gate.poller.store(0, Ordering::Release);
+    got
+}
+
+/// [`poll_gated`] when the turn was not free or sqdisc has work: waits for the turn (or, for a poll from inside
+/// this thread's own poll of the CQ, lets sqdisc refuse it as it would without the gate), then polls through
+/// sqdisc, or as [`poll_gated`] does if sqdisc has no work after all.
+///
+/// # Safety
+/// As for [`poll_gated`]; `have_turn`: this thread took the CQ's turn (and found `needs_sqdisc` set).
+#[cold]
+#[inline(never)]
+unsafe fn poll_gated_slow(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn: bool) -> c_int {
     let me = thread_id();
     let mut spins = 0u32;
-    let reentered = loop {
-        match gate.poller.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => break false,
-            Err(t) if t == me => break true,
+    loop {
+        let taken = if have_turn { Ok(me) } else { gate.poller.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) };
+        match taken {
+            Err(t) if t == me => break,
             Err(_) => {
                 spins += 1;
                 if spins % 64 == 0 {
@@ -534,27 +575,27 @@ unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mu
                 } else {
                     std::hint::spin_loop();
                 }
+                continue;
             }
+            Ok(_) => {}
         }
-    };
-    if reentered {
-        // A poll from inside this thread's own poll of the CQ: sqdisc refuses it, as it would without the gate.
-        // SAFETY: the caller's promise.
-        return unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) };
+        // This thread has the turn now.
+        let got = if gate.needs_sqdisc.load(Ordering::Relaxed) {
+            // SAFETY: the caller's promise.
+            unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
+        } else {
+            // SAFETY: as in `poll_gated`.
+            match unsafe { original(cq, n, wc) } {
+                found if found <= 0 => found,
+                // SAFETY: the caller's promise; `found` CQEs are in `wc`.
+                found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
+            }
+        };
+        gate.poller.store(0, Ordering::Release);
+        return got;
     }
-    let got = if gate.needs_sqdisc.load(Ordering::Relaxed) {
-        // SAFETY: the caller's promise.
-        unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
-    } else {
-        // SAFETY: the provider's own op, called as `ibv_poll_cq` would have; this thread has the CQ's turn.
-        match unsafe { original(cq, n, wc) } {
-            found if found <= 0 => found,
-            // SAFETY: the caller's promise; `found` CQEs are in `wc`.
-            found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
-        }
-    };
-    gate.poller.store(0, Ordering::Release);
-    got
+    // SAFETY: the caller's promise.
+    unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
 }
 
 /// [`poll_managed`] behind a panic boundary.
