@@ -35,9 +35,9 @@ unsafe impl GetThreadId for ThreadPointer {
             // SAFETY: reads the word at fs:0, which the C library sets to the thread control block's own address
             // for every thread (the x86_64 TLS ABI); no memory is written.
             unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags)) };
-            if let Some(id) = NonZeroUsize::new(tp) {
-                return id;
-            }
+            // SAFETY: that address, of a live thread's control block, is never 0.
+            #[allow(clippy::needless_return)]
+            return unsafe { NonZeroUsize::new_unchecked(tp) };
         }
         #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
         {
@@ -48,6 +48,7 @@ unsafe impl GetThreadId for ThreadPointer {
                 return id;
             }
         }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         parking_lot::RawThreadId.nonzero_thread_id()
     }
 }
@@ -64,7 +65,7 @@ pub(crate) struct ManagedCq {
     pub cq: *mut ibv_cq,
     pub sqd: sqdisc::Cq,
     pub pending: Pending,
-    pub gate: Arc<CqGate>,
+    pub gate: GateRef,
 }
 
 impl ManagedCq {
@@ -90,8 +91,27 @@ pub(crate) struct CqGate {
 }
 
 impl CqGate {
-    pub fn new() -> Arc<CqGate> {
-        Arc::new(CqGate { needs_sqdisc: AtomicBool::new(false), poller: AtomicUsize::new(0) })
+    pub const fn new() -> CqGate {
+        CqGate { needs_sqdisc: AtomicBool::new(false), poller: AtomicUsize::new(0) }
+    }
+}
+
+/// Where a managed CQ's gate lives: in its route bucket's static slot when the CQ is the bucket's owner (the
+/// poll path then reaches it with no pointer to follow), else on the heap.
+#[derive(Clone)]
+pub(crate) enum GateRef {
+    Slot(&'static CqGate),
+    Own(Arc<CqGate>),
+}
+
+impl std::ops::Deref for GateRef {
+    type Target = CqGate;
+    #[inline(always)]
+    fn deref(&self) -> &CqGate {
+        match self {
+            GateRef::Slot(g) => g,
+            GateRef::Own(g) => g,
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use crossbeam_utils::atomic::AtomicCell;
 use rdma_sys::{ibv_context, ibv_cq, ibv_wc};
 use sqdisc::verbs::{NotifyFn, PollFn};
 
-use crate::domain::{thread_id, CqGate, Domain, DomainCell};
+use crate::domain::{thread_id, CqGate, Domain, DomainCell, GateRef};
 
 /// A device context whose `poll_cq` is replaced, with the provider's ops.
 #[derive(Clone, Copy)]
@@ -62,25 +62,37 @@ fn bucket(cq: usize) -> usize {
 /// [`route_lookup`] (patched contexts have different ops: look the CQ's context up).
 static ROUTES: [AtomicCell<PollFn>; ROUTES_LEN] = [const { AtomicCell::new(route_lookup as PollFn) }; ROUTES_LEN];
 
-/// A managed CQ's record in its bucket's [`OWNERS`] slot: immutable, freed only once no poller can hold it.
+/// A managed CQ's record in its bucket's [`OWNERS`] slot, for the poll path's work beyond the device's answer:
+/// immutable, freed only once no poller can hold it.
 struct Owner {
     cq: usize,
     poll: PollFn,
     cell: Arc<DomainCell>,
-    gate: Arc<CqGate>,
+    gate: GateRef,
 }
 
-/// The first managed CQ of each bucket, found by [`route_managed`] without the epoch: a poller counts itself in
-/// `readers` while it may hold `owner`, and a record taken out of its slot is freed only once `readers` has
-/// been seen at 0 after it (then no poller that could have loaded it is still inside). Other managed CQs of a
-/// bucket (collisions, rare) are found in the snapshot.
+/// The first managed CQ of each bucket (its owner, while it is managed): what an empty poll of it reads, in
+/// static memory (`key`, the device's `poll` op, the CQ's `gate`), and its record (`owner`), which a poller
+/// that needs more counts itself in `readers` to use: a record taken out of its slot is freed only once
+/// `readers` has been seen at 0 after that (then no poller that could have loaded it is still inside). Other
+/// managed CQs of a bucket (collisions, rare) are found in the snapshot, with gates of their own.
 struct OwnerSlot {
+    key: AtomicUsize,
+    poll: AtomicUsize,
+    gate: CqGate,
     readers: AtomicUsize,
     owner: AtomicPtr<Owner>,
 }
 
-static OWNERS: [OwnerSlot; ROUTES_LEN] =
-    [const { OwnerSlot { readers: AtomicUsize::new(0), owner: AtomicPtr::new(std::ptr::null_mut()) } }; ROUTES_LEN];
+static OWNERS: [OwnerSlot; ROUTES_LEN] = [const {
+    OwnerSlot {
+        key: AtomicUsize::new(0),
+        poll: AtomicUsize::new(0),
+        gate: CqGate::new(),
+        readers: AtomicUsize::new(0),
+        owner: AtomicPtr::new(std::ptr::null_mut()),
+    }
+}; ROUTES_LEN];
 
 /// The poll op shared by every context ever patched while they all had the same one (one driver), else 0.
 /// It never changes from one op to another: a thread that read a route a moment before it changed still calls
@@ -106,7 +118,7 @@ struct CqSlot {
     cq: usize,
     poll: Option<PollFn>,
     cell: Option<Arc<DomainCell>>,
-    gate: Option<Arc<CqGate>>,
+    gate: Option<GateRef>,
 }
 
 /// The managed CQs (open addressing, linear probing, at most half full) and the patched contexts with their
@@ -174,7 +186,7 @@ struct CqEntry {
     cq: usize,
     ctx: usize,
     domain: Arc<Domain>,
-    gate: Arc<CqGate>,
+    gate: GateRef,
 }
 
 /// The writers' side, under one mutex: the managed CQs with their domains (for qpair creation and stats), the
@@ -226,16 +238,16 @@ fn reclaim_owners(w: &mut Writer) {
     });
 }
 
-/// Makes the first managed CQ of bucket `b` in `w` (if any) the slot's owner, when the slot has none.
-fn fill_owner(w: &Writer, b: usize) {
-    let slot = &OWNERS[b];
-    if !slot.owner.load(Ordering::Relaxed).is_null() {
-        return;
-    }
-    let Some(e) = w.cqs.iter().find(|e| bucket(e.cq) == b) else { return };
+/// Makes `cq`, a managed CQ of `w` whose gate is its bucket slot's, the slot's owner.
+fn install_owner(w: &Writer, cq: usize) {
+    let slot = &OWNERS[bucket(cq)];
+    let Some(e) = w.cqs.iter().find(|e| e.cq == cq) else { return };
     let Some(c) = w.contexts.iter().find(|c| c.ctx == e.ctx) else { return };
-    let rec = Box::into_raw(Box::new(Owner { cq: e.cq, poll: c.originals.poll, cell: e.domain.cell().clone(), gate: e.gate.clone() }));
+    let rec = Box::into_raw(Box::new(Owner { cq, poll: c.originals.poll, cell: e.domain.cell().clone(), gate: e.gate.clone() }));
+    slot.gate.needs_sqdisc.store(false, Ordering::Relaxed);
+    slot.poll.store(c.originals.poll as usize, Ordering::Release);
     slot.owner.store(rec, Ordering::SeqCst);
+    slot.key.store(cq, Ordering::Release);
 }
 
 /// Patches `ctx` if it is not (its poll op and route words first, then the entry), and returns its ops.
@@ -295,7 +307,7 @@ fn set_unmanaged_routes(w: &Writer) {
 ///
 /// # Safety
 /// `cq` is a live CQ whose context stays alive while the CQ is managed.
-pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Originals, Arc<CqGate>), &'static str> {
+pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Originals, GateRef), &'static str> {
     let mut w = writer();
     // SAFETY: `cq` is live (caller's promise); a field read.
     let ctx = unsafe { (*cq).context };
@@ -306,11 +318,14 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Or
         e.domain = domain.clone();
         let gate = e.gate.clone();
         publish(&w);
-        retire_owner(&mut w, key);
-        fill_owner(&w, bucket(key));
+        if retire_owner(&mut w, key) {
+            install_owner(&w, key);
+        }
         return Ok((originals, gate));
     }
-    let gate = CqGate::new();
+    let slot = &OWNERS[bucket(key)];
+    let owns = slot.key.load(Ordering::Relaxed) == 0 && slot.owner.load(Ordering::Relaxed).is_null();
+    let gate = if owns { GateRef::Slot(&slot.gate) } else { GateRef::Own(Arc::new(CqGate::new())) };
     w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone(), gate: gate.clone() });
     if let Some(c) = w.contexts.iter_mut().find(|c| c.ctx == ctx as usize) {
         c.cqs += 1;
@@ -321,7 +336,9 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Or
     }
     let b = bucket(key);
     w.buckets[b] += 1;
-    fill_owner(&w, b);
+    if owns {
+        install_owner(&w, key);
+    }
     ROUTES[b].store(route_managed);
     reclaim_owners(&mut w);
     Ok((originals, gate))
@@ -340,7 +357,6 @@ pub(crate) fn unmanage(cq: *mut ibv_cq) {
         ROUTES[b].store(unmanaged_route());
     }
     retire_owner(&mut w, key);
-    fill_owner(&w, b);
     let mut restore = None;
     if let Some(at) = w.contexts.iter().position(|c| c.ctx == e.ctx) {
         w.contexts[at].cqs -= 1;
@@ -367,17 +383,21 @@ pub(crate) fn unmanage(cq: *mut ibv_cq) {
     drop(e);
 }
 
-/// Takes `cq`'s record out of its bucket's slot, if it is the owner, for [`reclaim_owners`].
-fn retire_owner(w: &mut Writer, cq: usize) {
+/// Takes `cq` out of its bucket's slot, if it is the owner (the record goes to [`reclaim_owners`]); returns
+/// whether it was. The slot is free for the next CQ managed in the bucket; the CQs of the bucket managed
+/// meanwhile keep their own gates.
+fn retire_owner(w: &mut Writer, cq: usize) -> bool {
     let b = bucket(cq);
     let slot = &OWNERS[b];
-    let rec = slot.owner.load(Ordering::Relaxed);
-    // SAFETY: a record in a slot is live (freed only after it leaves the slot, under this mutex).
-    if rec.is_null() || unsafe { (*rec).cq } != cq {
-        return;
+    if slot.key.load(Ordering::Relaxed) != cq {
+        return false;
     }
-    slot.owner.store(std::ptr::null_mut(), Ordering::SeqCst);
-    w.retired.push((b, rec));
+    slot.key.store(0, Ordering::SeqCst);
+    let rec = slot.owner.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    if !rec.is_null() {
+        w.retired.push((b, rec));
+    }
+    true
 }
 
 /// The domain that manages `cq`, if any.
@@ -411,19 +431,78 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the bucket index is below `ROUTES_LEN`.
     let slot = unsafe { OWNERS.get_unchecked(bucket(cq as usize)) };
+    if slot.key.load(Ordering::Acquire) != cq as usize {
+        // SAFETY: as `poll_cq` promises.
+        return unsafe { route_snapshot(cq, n, wc) };
+    }
+    let gate = &slot.gate;
+    if gate.poller.compare_exchange(0, thread_id(), Ordering::Acquire, Ordering::Relaxed).is_err() {
+        // SAFETY: as `poll_cq` promises.
+        return unsafe { route_owner_slow(cq, n, wc, false) };
+    }
+    let poll = slot.poll.load(Ordering::Acquire);
+    if gate.needs_sqdisc.load(Ordering::Relaxed) || slot.key.load(Ordering::Acquire) != cq as usize {
+        // SAFETY: as `poll_cq` promises; this thread has the slot's turn.
+        return unsafe { route_owner_slow(cq, n, wc, true) };
+    }
+    // SAFETY: the device's op of the CQ (stored from a `PollFn` before the key, which still names the CQ after
+    // the op was read), called as `ibv_poll_cq` would have; this thread has the CQ's turn.
+    let found = unsafe { std::mem::transmute::<usize, PollFn>(poll)(cq, n, wc) };
+    if found > 0 {
+        // SAFETY: as `poll_cq` promises; `found` CQEs are in `wc`; this thread has the slot's turn.
+        return unsafe { route_owner_found(cq, n, wc, found) };
+    }
+    gate.poller.store(0, Ordering::Release);
+    found
+}
+
+/// Runs `f` with the record of `cq`, its bucket's owner, counted in the slot's readers; `None` if `cq` is not
+/// the owner (any more).
+#[inline(always)]
+fn with_owner<R>(cq: *mut ibv_cq, f: impl FnOnce(&Owner) -> R) -> Option<R> {
+    let slot = &OWNERS[bucket(cq as usize)];
     slot.readers.fetch_add(1, Ordering::SeqCst);
     let rec = slot.owner.load(Ordering::SeqCst);
     // SAFETY: a record loaded from its slot while counted in `readers` stays allocated until the count is left
     // (`reclaim_owners`); its fields are immutable.
-    if let Some(owner) = unsafe { rec.as_ref() }.filter(|o| o.cq == cq as usize) {
-        // SAFETY: as `ibv_poll_cq` promises; the cell lives as long as the record.
-        let got = unsafe { poll_gated(&owner.cell, &owner.gate, owner.poll, cq, n, wc) };
-        slot.readers.fetch_sub(1, Ordering::Release);
-        return got;
-    }
+    let r = unsafe { rec.as_ref() }.filter(|o| o.cq == cq as usize).map(f);
     slot.readers.fetch_sub(1, Ordering::Release);
-    // SAFETY: as `poll_cq` promises.
-    unsafe { route_snapshot(cq, n, wc) }
+    r
+}
+
+/// [`route_managed`] for an owner whose turn was not free or whose sqdisc has work.
+///
+/// # Safety
+/// As for [`poll_cq`]; `have_turn`: this thread took the slot's turn.
+#[cold]
+#[inline(never)]
+unsafe fn route_owner_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn: bool) -> c_int {
+    // SAFETY: the caller's promise; the record's cell and gate live while it is held.
+    let got = with_owner(cq, |o| unsafe { poll_gated_slow(&o.cell, &o.gate, o.poll, cq, n, wc, have_turn) });
+    match got {
+        Some(got) => got,
+        None => {
+            if have_turn {
+                OWNERS[bucket(cq as usize)].gate.poller.store(0, Ordering::Release);
+            }
+            // SAFETY: as `poll_cq` promises.
+            unsafe { route_snapshot(cq, n, wc) }
+        }
+    }
+}
+
+/// The CQEs the device gave [`route_managed`] for its bucket's owner, through sqdisc; gives the turn back.
+///
+/// # Safety
+/// As for [`poll_cq`], with the slot's turn taken and `found` CQEs in `wc`.
+#[cold]
+#[inline(never)]
+unsafe fn route_owner_found(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
+    // SAFETY: the caller's promise; the record's cell lives while it is held.
+    let got = with_owner(cq, |o| unsafe { poll_managed_boundary(&o.cell, o.poll, cq, n, wc, Some(found as usize)) });
+    OWNERS[bucket(cq as usize)].gate.poller.store(0, Ordering::Release);
+    // Unmanaged meanwhile: the device's answer as it is.
+    got.unwrap_or(found)
 }
 
 /// A CQ of a bucket with a managed CQ that is not the bucket's owner: looked up in the snapshot.
