@@ -132,8 +132,8 @@ impl DomainState {
 }
 
 /// A domain's lock and state, shared (`Arc`) by the domain and by the poll path's table of managed CQs
-/// (`interpose`). The poll path finds a CQ's cell without a lock, inside an epoch: a table that named the cell,
-/// and with it the cell, is freed only once no poller can still be reading it. A poller that finds a cell
+/// (`interpose`). The poll path finds a CQ's cell without a lock and holds it (an `Arc`, or a record it counts
+/// itself in) while it polls, so a cell outlives every poller that found it. A poller that finds a cell
 /// whose domain is gone finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is
 /// what the CQ became.
 pub(crate) struct DomainCell {

@@ -12,10 +12,12 @@
 //! managed, no more than a hash and an indirect jump: a fixed array of routes ([`ROUTES`], a filter, not a
 //! limit) holds, for each hash bucket of CQ addresses, the provider's op itself when no managed CQ falls in
 //! the bucket and every patched context has that op (one driver: the usual case), else a function that looks
-//! the CQ or its context up. The lookups read an immutable snapshot of the managed CQs and patched contexts,
-//! replaced as a whole by writers (serialised by a mutex) and reclaimed by epochs (crossbeam-epoch): a
-//! snapshot, and the domain cells it holds, are freed only once no poller can still be reading them. Nothing
-//! here has a fixed limit on contexts or CQs, and nothing is kept after it goes.
+//! the CQ or its context up. A bucket's first managed CQ (its owner) has what an empty poll needs in a static
+//! slot ([`OWNERS`]), and a record for the rest that pollers count themselves in to use. Other lookups read an
+//! immutable snapshot of the managed CQs and patched contexts, replaced as a whole by writers (serialised by a
+//! mutex); its readers only copy out (an `Arc` of the domain cell), counted in two counters, and a writer that
+//! replaced it frees the old one once both have drained, which they do at once. Nothing here has a fixed limit
+//! on contexts or CQs, and nothing is kept after it goes.
 //!
 //! Putting a context's entry back is safe while another thread may be inside `ibv_poll_cq` with the old
 //! value: [`poll_cq`] of a context that is no longer patched finds no route to it and calls the op the
@@ -27,7 +29,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use crossbeam_utils::atomic::AtomicCell;
 use rdma_sys::{ibv_context, ibv_cq, ibv_wc};
 use sqdisc::verbs::{NotifyFn, PollFn};
@@ -171,7 +172,27 @@ impl Snapshot {
 }
 
 /// The current snapshot; NULL until a context is patched.
-static SNAPSHOT: Atomic<Snapshot> = Atomic::null();
+static SNAPSHOT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
+/// Readers of the snapshot, in two counters: a reader counts itself in the one [`READING`] names while it loads
+/// the snapshot and copies out what it needs (no lock, no call: a few instructions), and never uses the snapshot
+/// after. A writer that replaced the snapshot points new readers at the other counter and waits for the first
+/// to drain, which it does at once, before it frees the old snapshot.
+static READERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static READING: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` on the current snapshot (None before the first), counted as a reader: `f` copies out, it must not
+/// block.
+#[inline]
+fn read_snapshot<R>(f: impl FnOnce(Option<&Snapshot>) -> R) -> R {
+    let i = READING.load(Ordering::SeqCst) & 1;
+    READERS[i].fetch_add(1, Ordering::SeqCst);
+    let snap = SNAPSHOT.load(Ordering::SeqCst);
+    // SAFETY: a snapshot is freed only after it was replaced and both counters were then seen drained of the
+    // readers that could have loaded it (`publish`); this reader is counted.
+    let r = f(unsafe { snap.as_ref() });
+    READERS[i].fetch_sub(1, Ordering::Release);
+    r
+}
 
 // ---- the writers' side ---------------------------------------------------------------------------------------
 
@@ -212,16 +233,29 @@ fn writer() -> MutexGuard<'static, Writer> {
 
 /// Replaces the snapshot by one of `w`; the old one is freed once no poller can be reading it.
 fn publish(w: &Writer) {
-    let guard = epoch::pin();
-    let old = SNAPSHOT.swap(Owned::new(Snapshot::new(w)), Ordering::AcqRel, &guard);
-    if !old.is_null() {
-        // SAFETY: `old` is unreachable from now on (swapped out, and writers hold the mutex); pollers that loaded
-        // it are pinned, and the epoch scheme frees it only after they have all unpinned.
-        unsafe { guard.defer_destroy(old) };
+    let new = Box::into_raw(Box::new(Snapshot::new(w)));
+    let old = SNAPSHOT.swap(new, Ordering::SeqCst);
+    if old.is_null() {
+        return;
     }
-    // Hand the garbage to the global queue now (and collect what has expired) rather than let it wait in
-    // this thread's bag, which a thread that rarely makes qpairs would fill only slowly.
-    guard.flush();
+    // Readers that counted themselves before the swap may hold `old`; those after it see `new`. New readers go to
+    // the other counter, so the one in use drains (its readers only copy out), then the other, for readers that
+    // read the index before the flip and counted themselves after.
+    let first = READING.fetch_add(1, Ordering::SeqCst) & 1;
+    for i in [first, first ^ 1] {
+        let mut spins = 0u32;
+        while READERS[i].load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    // SAFETY: made by `Box::into_raw` above (in an earlier call), unreachable since the swap, and no reader holds
+    // it (both counters drained after the swap).
+    drop(unsafe { Box::from_raw(old) });
 }
 
 /// Frees the retired owner records no poller can hold any more.
@@ -511,21 +545,15 @@ unsafe fn route_owner_found(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c
 /// As for [`poll_cq`].
 #[inline(never)]
 unsafe fn route_snapshot(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    let guard = epoch::pin();
-    let Some(snap) = snapshot(&guard) else {
+    let found = read_snapshot(|snap| match snap?.cq(cq as usize)? {
+        CqSlot { poll: Some(poll), cell: Some(cell), gate: Some(gate), .. } => Some((*poll, cell.clone(), gate.clone())),
+        _ => None,
+    });
+    match found {
+        // SAFETY: as `ibv_poll_cq` promises; the cell and gate are held.
+        Some((poll, cell, gate)) => unsafe { poll_gated(&cell, &gate, poll, cq, n, wc) },
         // SAFETY: as `poll_cq` promises.
-        return unsafe { route_unmanaged(cq, n, wc) };
-    };
-    match snap.cq(cq as usize) {
-        Some(CqSlot { poll: Some(poll), cell: Some(cell), gate: Some(gate), .. }) => {
-            // SAFETY: as `ibv_poll_cq` promises; the cell and gate live while `guard` pins the snapshot.
-            unsafe { poll_gated(cell, gate, *poll, cq, n, wc) }
-        }
-        _ => {
-            drop(guard);
-            // SAFETY: as `poll_cq` promises.
-            unsafe { route_unmanaged(cq, n, wc) }
-        }
+        None => unsafe { route_unmanaged(cq, n, wc) },
     }
 }
 
@@ -543,12 +571,6 @@ unsafe fn route_unmanaged(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     }
 }
 
-fn snapshot(guard: &Guard) -> Option<&Snapshot> {
-    // SAFETY: a snapshot is freed only after every thread pinned when it was replaced has unpinned; `guard` pins
-    // this one.
-    unsafe { SNAPSHOT.load(Ordering::Acquire, guard).as_ref() }
-}
-
 /// The route of a bucket with no managed CQ while patched contexts have different ops (or before the first
 /// context is patched): the op of the CQ's context.
 ///
@@ -557,10 +579,7 @@ fn snapshot(guard: &Guard) -> Option<&Snapshot> {
 unsafe extern "C" fn route_lookup(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: `cq` is live (caller's promise); a field read.
     let ctx = unsafe { (*cq).context };
-    let found = {
-        let guard = epoch::pin();
-        snapshot(&guard).and_then(|s| s.context(ctx as usize))
-    };
+    let found = read_snapshot(|snap| snap?.context(ctx as usize));
     if let Some(poll) = found {
         // SAFETY: the provider's op of the CQ's context, as `ibv_poll_cq` would call it.
         return unsafe { poll(cq, n, wc) };
@@ -825,8 +844,7 @@ mod tests {
     }
 
     fn cell_of(cq: *mut ibv_cq) -> Option<*const DomainCell> {
-        let guard = epoch::pin();
-        snapshot(&guard).and_then(|s| s.cq(cq as usize)).and_then(|s| s.cell.as_ref()).map(Arc::as_ptr)
+        read_snapshot(|snap| snap?.cq(cq as usize)?.cell.as_ref().map(Arc::as_ptr))
     }
 
     /// Contexts are patched while they have a managed CQ and put back after, with no limit on how many a
@@ -867,6 +885,72 @@ mod tests {
             unmanage(d.cq(0));
             assert!(!d.patched());
         }
+        assert_eq!(counts(), (0, 0));
+    }
+
+    /// Pollers on two threads poll managed and unmanaged CQs through their contexts' `poll_cq` (routes, the
+    /// buckets' static slots and turns, the snapshot) while a third thread makes CQs managed and unmanaged on
+    /// devices that come and go (contexts patched and put back, owner records and snapshots reclaimed): every
+    /// poll reaches the device. Run under ThreadSanitizer too (docs/testing.md).
+    #[test]
+    fn polls_stay_exact_while_cqs_and_devices_come_and_go() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let domain = Domain::new();
+        let mut stable = Device::new(8);
+        let mut plain = Device::new(4);
+        for i in 0..8 {
+            // SAFETY: live CQs of a live context, unmanaged below before either goes.
+            unsafe { manage(stable.cq(i), &domain) }.expect("managed");
+        }
+        let stable_cqs: Vec<usize> = (0..8).map(|i| stable.cq(i) as usize).collect();
+        let plain_cqs: Vec<usize> = (0..4).map(|i| plain.cq(i) as usize).collect();
+        let stop = AtomicBool::new(false);
+        let poll_raw = |cq: usize| {
+            let cq = cq as *mut ibv_cq;
+            let mut wc = [0u8; std::mem::size_of::<ibv_wc>()];
+            // SAFETY: `ibv_poll_cq` as libibverbs inlines it: the context's op (read as one word: the writer
+            // replaces it atomically), a live CQ, room for one entry.
+            unsafe {
+                let op = (*std::ptr::addr_of!((*(*cq).context).ops.poll_cq).cast::<AtomicUsize>()).load(Ordering::Acquire);
+                std::mem::transmute::<usize, PollFn>(op)(cq, 1, wc.as_mut_ptr().cast())
+            }
+        };
+        let polled = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut rounds = 0u64;
+                    while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                        for &k in stable_cqs.iter().chain(&plain_cqs) {
+                            assert_eq!(poll_raw(k), 0);
+                            polled.fetch_add(1, Ordering::Relaxed);
+                        }
+                        rounds += 1;
+                    }
+                });
+            }
+            for round in 0..200 {
+                let mut d = Device::new(4);
+                let other = Domain::new();
+                for i in 0..4 {
+                    // SAFETY: as above.
+                    unsafe { manage(d.cq(i), if i % 2 == 0 { &domain } else { &other }) }.expect("managed");
+                }
+                for i in 0..4 {
+                    assert_eq!(d.poll(i), 0);
+                    unmanage(d.cq((i + round) % 4));
+                }
+                assert!(!d.patched());
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(polled.load(Ordering::Relaxed) >= 24);
+        for i in 0..8 {
+            assert_eq!(stable.poll(i), 0);
+            unmanage(stable.cq(i));
+        }
+        assert!(!stable.patched());
+        assert_eq!(plain.poll(0), 0);
         assert_eq!(counts(), (0, 0));
     }
 
