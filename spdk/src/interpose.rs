@@ -55,13 +55,25 @@ const ROUTES_LEN: usize = 1 << ROUTE_BITS;
 
 #[inline(always)]
 fn bucket(cq: usize) -> usize {
-    ((cq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - ROUTE_BITS)) as usize
+    // Bits 4 to 15 of the CQ's address: CQs are separate allocations, at least 16 bytes apart, so these bits
+    // spread them; two that share a bucket only take the slower path. One shift and one mask, so that the
+    // unmanaged CQ's route costs the fewest instructions ([`poll_cq`]).
+    (cq >> ROUTE_SHIFT) & (ROUTES_LEN - 1)
 }
+
+/// The address bits [`bucket`] skips: a route is 16 bytes, so the masked address is the route's byte offset.
+const ROUTE_SHIFT: u32 = 4;
+
+/// A route, 16 bytes so that [`poll_cq`] finds it at the CQ's address bits 4 to 15 as a byte offset.
+#[repr(C, align(16))]
+struct Route(AtomicCell<PollFn>);
+
+const _: () = assert!(std::mem::size_of::<Route>() == 1 << ROUTE_SHIFT);
 
 /// Where a poll of a CQ in each bucket goes: the provider's op itself (no managed CQ in the bucket, one
 /// provider op for every patched context), [`route_managed`] (a managed CQ may be in the bucket) or
 /// [`route_lookup`] (patched contexts have different ops: look the CQ's context up).
-static ROUTES: [AtomicCell<PollFn>; ROUTES_LEN] = [const { AtomicCell::new(route_lookup as PollFn) }; ROUTES_LEN];
+static ROUTES: [Route; ROUTES_LEN] = [const { Route(AtomicCell::new(route_lookup as PollFn)) }; ROUTES_LEN];
 
 /// A managed CQ's record in its bucket's [`OWNERS`] slot, for the poll path's work beyond the device's answer:
 /// immutable, freed only once no poller can hold it.
@@ -329,7 +341,7 @@ unsafe fn install(w: &mut Writer, ctx: *mut ibv_context) -> Result<Originals, &'
 /// Every bucket without a managed CQ routes to [`unmanaged_route`].
 fn set_unmanaged_routes(w: &Writer) {
     let route = unmanaged_route();
-    for (i, r) in ROUTES.iter().enumerate() {
+    for (i, Route(r)) in ROUTES.iter().enumerate() {
         if w.buckets.get(i).copied().unwrap_or(0) == 0 {
             r.store(route);
         }
@@ -373,7 +385,7 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Or
     if owns {
         install_owner(&w, key);
     }
-    ROUTES[b].store(route_managed);
+    ROUTES[b].0.store(route_managed);
     reclaim_owners(&mut w);
     Ok((originals, gate))
 }
@@ -388,7 +400,7 @@ pub(crate) fn unmanage(cq: *mut ibv_cq) {
     let b = bucket(key);
     w.buckets[b] -= 1;
     if w.buckets[b] == 0 {
-        ROUTES[b].store(unmanaged_route());
+        ROUTES[b].0.store(unmanaged_route());
     }
     retire_owner(&mut w, key);
     let mut restore = None;
@@ -455,7 +467,10 @@ fn counts() -> (usize, usize) {
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the bucket index is below `ROUTES_LEN`; every route is a `PollFn` for any CQ of a patched context
     // (or one that was), called as `ibv_poll_cq` would have.
-    unsafe { ROUTES.get_unchecked(bucket(cq as usize)).load()(cq, n, wc) }
+    let offset = cq as usize & ((ROUTES_LEN - 1) << ROUTE_SHIFT);
+    // SAFETY: `offset` is `bucket(cq) * 16`, the byte offset of a route inside `ROUTES` (16-byte routes); every
+    // route is a `PollFn` for any CQ of a patched context (or one that was), called as `ibv_poll_cq` would have.
+    unsafe { (*std::ptr::addr_of!(ROUTES).cast::<u8>().add(offset).cast::<Route>()).0.load()(cq, n, wc) }
 }
 
 /// The route of a bucket that may hold a managed CQ.
