@@ -165,7 +165,9 @@ _Static_assert(sizeof(struct spdk_rdma_provider_qp_stats) == 32, "qp_stats layou
 int sqd_spdk_qp_stats(const struct spdk_rdma_provider_qp *qp, struct sqd_queue_stats *out);
 
 /* Copies the sqdisc counters of a CQ that qpairs of this provider use (capacity, reserved CQEs, CQEs
- * passed through...) into *out. Returns 0, -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
+ * passed through...) into *out. `polls` counts the polls that went through sqdisc: an empty poll that the
+ * provider answers from the device alone (nothing owed, no idle tail watched) is not counted. Returns 0,
+ * -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
 int sqd_spdk_cq_stats(struct ibv_cq *cq, struct sqd_cq_stats *out);
 
 #ifdef __cplusplus
