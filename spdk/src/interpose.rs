@@ -85,27 +85,32 @@ struct Owner {
 }
 
 /// The first managed CQ of each bucket (its owner, while it is managed): what an empty poll of it reads, in
-/// static memory (`key`, the device's `poll` op, the CQ's `gate`), and its record (`owner`), which a poller
-/// that needs more counts itself in `readers` to use: a record taken out of its slot is freed only once
-/// `readers` has been seen at 0 after that (then no poller that could have loaded it is still inside). Other
-/// managed CQs of a bucket (collisions, rare) are found in the snapshot, with gates of their own.
+/// static memory (`key`, the device's `poll` op, the CQ's `gate`), 32 bytes so that the poll path finds a
+/// slot with a shift and a mask. Its record (in [`RECORDS`]) serves the rest. Other managed CQs of a bucket
+/// (collisions, rare) are found in the snapshot, with gates of their own.
+#[repr(C, align(32))]
 struct OwnerSlot {
     key: AtomicUsize,
     poll: AtomicUsize,
     gate: CqGate,
+}
+
+const _: () = assert!(std::mem::size_of::<OwnerSlot>() == 32);
+
+static OWNERS: [OwnerSlot; ROUTES_LEN] = [const {
+    OwnerSlot { key: AtomicUsize::new(0), poll: AtomicUsize::new(0), gate: CqGate::new() }
+}; ROUTES_LEN];
+
+/// The record of each bucket's owner, which a poller that needs more than the device's answer counts itself
+/// in `readers` to use: a record taken out of its slot is freed only once `readers` has been seen at 0 after
+/// that (then no poller that could have loaded it is still inside).
+struct RecordSlot {
     readers: AtomicUsize,
     owner: AtomicPtr<Owner>,
 }
 
-static OWNERS: [OwnerSlot; ROUTES_LEN] = [const {
-    OwnerSlot {
-        key: AtomicUsize::new(0),
-        poll: AtomicUsize::new(0),
-        gate: CqGate::new(),
-        readers: AtomicUsize::new(0),
-        owner: AtomicPtr::new(std::ptr::null_mut()),
-    }
-}; ROUTES_LEN];
+static RECORDS: [RecordSlot; ROUTES_LEN] =
+    [const { RecordSlot { readers: AtomicUsize::new(0), owner: AtomicPtr::new(std::ptr::null_mut()) } }; ROUTES_LEN];
 
 /// The poll op shared by every context ever patched while they all had the same one (one driver), else 0.
 /// It never changes from one op to another: a thread that read a route a moment before it changed still calls
@@ -275,7 +280,7 @@ fn reclaim_owners(w: &mut Writer) {
     w.retired.retain(|&(b, rec)| {
         // SeqCst, as the readers' increment and the slot's clearing: a 0 read here, after the clearing, means
         // every poller that counted itself before the clearing has left, and those after it cannot see `rec`.
-        if OWNERS[b].readers.load(Ordering::SeqCst) != 0 {
+        if RECORDS[b].readers.load(Ordering::SeqCst) != 0 {
             return true;
         }
         // SAFETY: made by `Box::into_raw` in `set_owner`, out of its slot, and no poller holds it (above).
@@ -292,7 +297,7 @@ fn install_owner(w: &Writer, cq: usize) {
     let rec = Box::into_raw(Box::new(Owner { cq, poll: c.originals.poll, cell: e.domain.cell().clone(), gate: e.gate.clone() }));
     slot.gate.needs_sqdisc.store(false, Ordering::Relaxed);
     slot.poll.store(c.originals.poll as usize, Ordering::Release);
-    slot.owner.store(rec, Ordering::SeqCst);
+    RECORDS[bucket(cq)].owner.store(rec, Ordering::SeqCst);
     slot.key.store(cq, Ordering::Release);
 }
 
@@ -370,7 +375,7 @@ pub(crate) unsafe fn manage(cq: *mut ibv_cq, domain: &Arc<Domain>) -> Result<(Or
         return Ok((originals, gate));
     }
     let slot = &OWNERS[bucket(key)];
-    let owns = slot.key.load(Ordering::Relaxed) == 0 && slot.owner.load(Ordering::Relaxed).is_null();
+    let owns = slot.key.load(Ordering::Relaxed) == 0 && RECORDS[bucket(key)].owner.load(Ordering::Relaxed).is_null();
     let gate = if owns { GateRef::Slot(&slot.gate) } else { GateRef::Own(Arc::new(CqGate::new())) };
     w.cqs.push(CqEntry { cq: key, ctx: ctx as usize, domain: domain.clone(), gate: gate.clone() });
     if let Some(c) = w.contexts.iter_mut().find(|c| c.ctx == ctx as usize) {
@@ -439,7 +444,7 @@ fn retire_owner(w: &mut Writer, cq: usize) -> bool {
         return false;
     }
     slot.key.store(0, Ordering::SeqCst);
-    let rec = slot.owner.swap(std::ptr::null_mut(), Ordering::SeqCst);
+    let rec = RECORDS[b].owner.swap(std::ptr::null_mut(), Ordering::SeqCst);
     if !rec.is_null() {
         w.retired.push((b, rec));
     }
@@ -487,12 +492,12 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
     let gate = &slot.gate;
     if gate.poller.compare_exchange(0, thread_id(), Ordering::Acquire, Ordering::Relaxed).is_err() {
         // SAFETY: as `poll_cq` promises.
-        return unsafe { route_owner_slow(cq, n, wc, false) };
+        return unsafe { route_owner_wait(cq, n, wc) };
     }
     let poll = slot.poll.load(Ordering::Acquire);
     if gate.needs_sqdisc.load(Ordering::Relaxed) || slot.key.load(Ordering::Acquire) != cq as usize {
         // SAFETY: as `poll_cq` promises; this thread has the slot's turn.
-        return unsafe { route_owner_slow(cq, n, wc, true) };
+        return unsafe { route_owner_work(cq, n, wc) };
     }
     // SAFETY: the device's op of the CQ (stored from a `PollFn` before the key, which still names the CQ after
     // the op was read), called as `ibv_poll_cq` would have; this thread has the CQ's turn.
@@ -509,7 +514,7 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
 /// the owner (any more).
 #[inline(always)]
 fn with_owner<R>(cq: *mut ibv_cq, f: impl FnOnce(&Owner) -> R) -> Option<R> {
-    let slot = &OWNERS[bucket(cq as usize)];
+    let slot = &RECORDS[bucket(cq as usize)];
     slot.readers.fetch_add(1, Ordering::SeqCst);
     let rec = slot.owner.load(Ordering::SeqCst);
     // SAFETY: a record loaded from its slot while counted in `readers` stays allocated until the count is left
@@ -517,6 +522,28 @@ fn with_owner<R>(cq: *mut ibv_cq, f: impl FnOnce(&Owner) -> R) -> Option<R> {
     let r = unsafe { rec.as_ref() }.filter(|o| o.cq == cq as usize).map(f);
     slot.readers.fetch_sub(1, Ordering::Release);
     r
+}
+
+/// [`route_managed`] for an owner whose turn was not free.
+///
+/// # Safety
+/// As for [`poll_cq`].
+#[cold]
+#[inline(never)]
+unsafe fn route_owner_wait(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller's promise.
+    unsafe { route_owner_slow(cq, n, wc, false) }
+}
+
+/// [`route_managed`] for an owner whose sqdisc has work, this thread holding the slot's turn.
+///
+/// # Safety
+/// As for [`poll_cq`], with the slot's turn taken.
+#[cold]
+#[inline(never)]
+unsafe fn route_owner_work(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller's promise.
+    unsafe { route_owner_slow(cq, n, wc, true) }
 }
 
 /// [`route_managed`] for an owner whose turn was not free or whose sqdisc has work.
