@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use std::num::NonZeroUsize;
@@ -75,24 +75,87 @@ impl ManagedCq {
     #[inline]
     pub fn update_gate(&self) {
         let needs = !self.pending.borrow().is_empty() || self.sqd.has_watched_tails();
-        self.gate.needs_sqdisc.store(needs, Ordering::Relaxed);
+        self.gate.set_needs_sqdisc(needs);
     }
 }
 
-/// What the poll path reads of a managed CQ without the domain's lock.
+/// What the poll path reads of a managed CQ without the domain's lock, in one word: the thread polling the CQ
+/// now (its [`thread_id`], bit 0 clear), or 0, and in bit 0 whether an empty poll must go through sqdisc
+/// ([`ManagedCq::update_gate`]; else the device's op alone answers it, and only CQEs it finds are taken to
+/// sqdisc, under the lock). Pollers of one CQ take turns, so that CQEs reach sqdisc in the order the device
+/// gave them even when the device is polled before the lock is taken. The common poll takes the turn with one
+/// compare-exchange from 0, which fails when the flag is set as when the turn is taken.
 pub(crate) struct CqGate {
-    /// An empty poll must go through sqdisc ([`ManagedCq::update_gate`]); else the device's op alone answers
-    /// it, and only CQEs it finds are taken to sqdisc (under the lock).
-    pub needs_sqdisc: AtomicBool,
-    /// The thread polling the CQ now (its [`ThreadPointer`] identity), or 0: pollers of one CQ take turns, so
-    /// that CQEs reach sqdisc in the order the device gave them even when the device is polled before the lock
-    /// is taken.
-    pub poller: AtomicUsize,
+    word: AtomicUsize,
 }
+
+/// How a poller entered a CQ's gate ([`CqGate::enter`]).
+pub(crate) enum Entered {
+    /// It has the turn; sqdisc has work (the flag was set).
+    Sqdisc,
+    /// It has the turn; the device's op alone may answer.
+    Device,
+    /// The thread already had the turn: a poll from inside its own poll of the CQ.
+    Reentered,
+}
+
+const NEEDS_SQDISC: usize = 1;
 
 impl CqGate {
     pub const fn new() -> CqGate {
-        CqGate { needs_sqdisc: AtomicBool::new(false), poller: AtomicUsize::new(0) }
+        CqGate { word: AtomicUsize::new(0) }
+    }
+
+    /// Takes the turn if it is free and sqdisc has no work: the common poll.
+    #[inline(always)]
+    pub fn try_enter_quiet(&self, me: usize) -> bool {
+        self.word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Takes the turn, waiting for it if another thread has it.
+    pub fn enter(&self, me: usize) -> Entered {
+        let mut spins = 0u32;
+        loop {
+            let v = self.word.load(Ordering::Relaxed);
+            let owner = v & !NEEDS_SQDISC;
+            if owner == me {
+                return Entered::Reentered;
+            }
+            if owner == 0 {
+                if self.word.compare_exchange_weak(v, v | me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    return if v & NEEDS_SQDISC != 0 { Entered::Sqdisc } else { Entered::Device };
+                }
+                continue;
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Whether sqdisc has work, read by the turn's holder.
+    #[inline]
+    pub fn needs_sqdisc(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & NEEDS_SQDISC != 0
+    }
+
+    /// Gives the turn back, keeping the flag.
+    #[inline(always)]
+    pub fn leave(&self) {
+        self.word.fetch_and(NEEDS_SQDISC, Ordering::Release);
+    }
+
+    /// Sets or clears the flag, keeping the turn.
+    #[inline]
+    pub fn set_needs_sqdisc(&self, needs: bool) {
+        if needs {
+            self.word.fetch_or(NEEDS_SQDISC, Ordering::Relaxed);
+        } else {
+            self.word.fetch_and(!NEEDS_SQDISC, Ordering::Relaxed);
+        }
     }
 }
 
@@ -115,10 +178,16 @@ impl std::ops::Deref for GateRef {
     }
 }
 
-/// The current thread's identity, as the domains' locks see it.
+/// The current thread's identity for the gates: non-zero, with bit 0 clear (the thread pointer is the address of
+/// a thread control block, aligned to at least 16 bytes; elsewhere parking_lot's identity, shifted).
 #[inline(always)]
 pub(crate) fn thread_id() -> usize {
-    ThreadPointer.nonzero_thread_id().get()
+    let id = ThreadPointer.nonzero_thread_id().get();
+    if cfg!(all(any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux")) {
+        id
+    } else {
+        id << 1
+    }
 }
 
 pub(crate) struct DomainState {

@@ -33,7 +33,7 @@ use crossbeam_utils::atomic::AtomicCell;
 use rdma_sys::{ibv_context, ibv_cq, ibv_wc};
 use sqdisc::verbs::{NotifyFn, PollFn};
 
-use crate::domain::{thread_id, CqGate, Domain, DomainCell, GateRef};
+use crate::domain::{thread_id, CqGate, Domain, DomainCell, Entered, GateRef};
 
 /// A device context whose `poll_cq` is replaced, with the provider's ops.
 #[derive(Clone, Copy)]
@@ -295,7 +295,7 @@ fn install_owner(w: &Writer, cq: usize) {
     let Some(e) = w.cqs.iter().find(|e| e.cq == cq) else { return };
     let Some(c) = w.contexts.iter().find(|c| c.ctx == e.ctx) else { return };
     let rec = Box::into_raw(Box::new(Owner { cq, poll: c.originals.poll, cell: e.domain.cell().clone(), gate: e.gate.clone() }));
-    slot.gate.needs_sqdisc.store(false, Ordering::Relaxed);
+    slot.gate.set_needs_sqdisc(false);
     slot.poll.store(c.originals.poll as usize, Ordering::Release);
     RECORDS[bucket(cq)].owner.store(rec, Ordering::SeqCst);
     slot.key.store(cq, Ordering::Release);
@@ -490,12 +490,13 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
         return unsafe { route_snapshot(cq, n, wc) };
     }
     let gate = &slot.gate;
-    if gate.poller.compare_exchange(0, thread_id(), Ordering::Acquire, Ordering::Relaxed).is_err() {
+    if !gate.try_enter_quiet(thread_id()) {
+        // The turn is another thread's, or sqdisc has work.
         // SAFETY: as `poll_cq` promises.
         return unsafe { route_owner_wait(cq, n, wc) };
     }
     let poll = slot.poll.load(Ordering::Acquire);
-    if gate.needs_sqdisc.load(Ordering::Relaxed) || slot.key.load(Ordering::Acquire) != cq as usize {
+    if slot.key.load(Ordering::Acquire) != cq as usize {
         // SAFETY: as `poll_cq` promises; this thread has the slot's turn.
         return unsafe { route_owner_work(cq, n, wc) };
     }
@@ -506,7 +507,7 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
         // SAFETY: as `poll_cq` promises; `found` CQEs are in `wc`; this thread has the slot's turn.
         return unsafe { route_owner_found(cq, n, wc, found) };
     }
-    gate.poller.store(0, Ordering::Release);
+    gate.leave();
     found
 }
 
@@ -524,7 +525,7 @@ fn with_owner<R>(cq: *mut ibv_cq, f: impl FnOnce(&Owner) -> R) -> Option<R> {
     r
 }
 
-/// [`route_managed`] for an owner whose turn was not free.
+/// [`route_managed`] for an owner whose turn was not free or whose sqdisc has work.
 ///
 /// # Safety
 /// As for [`poll_cq`].
@@ -535,7 +536,7 @@ unsafe fn route_owner_wait(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int 
     unsafe { route_owner_slow(cq, n, wc, false) }
 }
 
-/// [`route_managed`] for an owner whose sqdisc has work, this thread holding the slot's turn.
+/// [`route_managed`] for a CQ that stopped owning its slot while this thread took the slot's turn.
 ///
 /// # Safety
 /// As for [`poll_cq`], with the slot's turn taken.
@@ -559,7 +560,7 @@ unsafe fn route_owner_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn
         Some(got) => got,
         None => {
             if have_turn {
-                OWNERS[bucket(cq as usize)].gate.poller.store(0, Ordering::Release);
+                OWNERS[bucket(cq as usize)].gate.leave();
             }
             // SAFETY: as `poll_cq` promises.
             unsafe { route_snapshot(cq, n, wc) }
@@ -576,7 +577,7 @@ unsafe fn route_owner_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn
 unsafe fn route_owner_found(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
     // SAFETY: the caller's promise; the record's cell lives while it is held.
     let got = with_owner(cq, |o| unsafe { poll_managed_boundary(&o.cell, o.poll, cq, n, wc, Some(found as usize)) });
-    OWNERS[bucket(cq as usize)].gate.poller.store(0, Ordering::Release);
+    OWNERS[bucket(cq as usize)].gate.leave();
     // Unmanaged meanwhile: the device's answer as it is.
     got.unwrap_or(found)
 }
@@ -654,7 +655,7 @@ fn context_op(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
 }
 
 /// Polls a managed CQ: takes the CQ's turn, then, when an empty poll needs nothing of sqdisc (no owed flush
-/// completions, no idle tail watched: `CqGate::needs_sqdisc`), asks the device first and goes to sqdisc, under
+/// completions, no idle tail watched: `CqGate`'s flag), asks the device first and goes to sqdisc, under
 /// the domain's lock, only with the CQEs it found; else polls through sqdisc under the lock. The common case, the
 /// turn free and the device's answer empty, stays in this function; the rest is out of line.
 ///
@@ -662,13 +663,9 @@ fn context_op(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
 /// As for [`poll_cq`]; `original` is the provider's op for `cq`.
 #[inline(always)]
 unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    if gate.poller.compare_exchange(0, thread_id(), Ordering::Acquire, Ordering::Relaxed).is_err() {
+    if !gate.try_enter_quiet(thread_id()) {
         // SAFETY: the caller's promise.
         return unsafe { poll_gated_slow(cell, gate, original, cq, n, wc, false) };
-    }
-    if gate.needs_sqdisc.load(Ordering::Relaxed) {
-        // SAFETY: the caller's promise; this thread has the turn.
-        return unsafe { poll_gated_slow(cell, gate, original, cq, n, wc, true) };
     }
     // SAFETY: the provider's own op, called as `ibv_poll_cq` would have; this thread has the CQ's turn.
     let found = unsafe { original(cq, n, wc) };
@@ -676,7 +673,7 @@ unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mu
         // SAFETY: the caller's promise; `found` CQEs are in `wc`, and this thread has the CQ's turn.
         return unsafe { poll_gated_found(cell, gate, original, cq, n, wc, found) };
     }
-    gate.poller.store(0, Ordering::Release);
+    gate.leave();
     found
 }
 
@@ -689,7 +686,7 @@ unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mu
 unsafe fn poll_gated_found(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
     // SAFETY: the caller's promise.
     let got = unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) };
-    gate.poller.store(0, Ordering::Release);
+    gate.leave();
     got
 }
 
@@ -698,44 +695,34 @@ unsafe fn poll_gated_found(cell: &DomainCell, gate: &CqGate, original: PollFn, c
 /// sqdisc, or as [`poll_gated`] does if sqdisc has no work after all.
 ///
 /// # Safety
-/// As for [`poll_gated`]; `have_turn`: this thread took the CQ's turn (and found `needs_sqdisc` set).
+/// As for [`poll_gated`]; `have_turn`: this thread took the CQ's turn.
 #[cold]
 #[inline(never)]
 unsafe fn poll_gated_slow(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn: bool) -> c_int {
-    let me = thread_id();
-    let mut spins = 0u32;
-    loop {
-        let taken = if have_turn { Ok(me) } else { gate.poller.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) };
-        match taken {
-            Err(t) if t == me => break,
-            Err(_) => {
-                spins += 1;
-                if spins % 64 == 0 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-                continue;
-            }
-            Ok(_) => {}
-        }
-        // This thread has the turn now.
-        let got = if gate.needs_sqdisc.load(Ordering::Relaxed) {
-            // SAFETY: the caller's promise.
-            unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
+    let entered = if have_turn {
+        if gate.needs_sqdisc() {
+            Entered::Sqdisc
         } else {
-            // SAFETY: as in `poll_gated`.
-            match unsafe { original(cq, n, wc) } {
-                found if found <= 0 => found,
-                // SAFETY: the caller's promise; `found` CQEs are in `wc`.
-                found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
-            }
-        };
-        gate.poller.store(0, Ordering::Release);
-        return got;
-    }
-    // SAFETY: the caller's promise.
-    unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) }
+            Entered::Device
+        }
+    } else {
+        gate.enter(thread_id())
+    };
+    let got = match entered {
+        // A poll from inside this thread's own poll of the CQ: sqdisc refuses it, as it would without the gate.
+        // SAFETY: the caller's promise.
+        Entered::Reentered => return unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) },
+        // SAFETY: the caller's promise; this thread has the turn.
+        Entered::Sqdisc => unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) },
+        // SAFETY: as in `poll_gated`; this thread has the turn.
+        Entered::Device => match unsafe { original(cq, n, wc) } {
+            found if found <= 0 => found,
+            // SAFETY: the caller's promise; `found` CQEs are in `wc`.
+            found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
+        },
+    };
+    gate.leave();
+    got
 }
 
 /// [`poll_managed`] behind a panic boundary.
