@@ -85,20 +85,32 @@ struct Owner {
 }
 
 /// The first managed CQ of each bucket (its owner, while it is managed): what an empty poll of it reads, in
-/// static memory (`key`, the device's `poll` op, the CQ's `gate`), 32 bytes so that the poll path finds a
-/// slot with a shift and a mask. Its record (in [`RECORDS`]) serves the rest. Other managed CQs of a bucket
-/// (collisions, rare) are found in the snapshot, with gates of their own.
-#[repr(C, align(32))]
+/// static memory (`key`, the device's `poll` op, the CQ's `gate`), a cache line each so that the poll path finds
+/// a slot with a shift and a mask and pollers of different CQs share no line. The turn's holder keeps the poll's
+/// arguments in `held_*` across the device's call, for the rare poll that finds CQEs, so that the common one saves
+/// no registers. Its record (in [`RECORDS`]) serves the rest. Other managed CQs of a bucket (collisions, rare)
+/// are found in the snapshot, with gates of their own.
+#[repr(C, align(64))]
 struct OwnerSlot {
     key: AtomicUsize,
     poll: AtomicUsize,
     gate: CqGate,
+    held_cq: AtomicUsize,
+    held_n: AtomicUsize,
+    held_wc: AtomicUsize,
 }
 
-const _: () = assert!(std::mem::size_of::<OwnerSlot>() == 32);
+const _: () = assert!(std::mem::size_of::<OwnerSlot>() == 64);
 
 static OWNERS: [OwnerSlot; ROUTES_LEN] = [const {
-    OwnerSlot { key: AtomicUsize::new(0), poll: AtomicUsize::new(0), gate: CqGate::new() }
+    OwnerSlot {
+        key: AtomicUsize::new(0),
+        poll: AtomicUsize::new(0),
+        gate: CqGate::new(),
+        held_cq: AtomicUsize::new(0),
+        held_n: AtomicUsize::new(0),
+        held_wc: AtomicUsize::new(0),
+    }
 }; ROUTES_LEN];
 
 /// The record of each bucket's owner, which a poller that needs more than the device's answer counts itself
@@ -500,15 +512,34 @@ unsafe extern "C" fn route_managed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -
         // SAFETY: as `poll_cq` promises; this thread has the slot's turn.
         return unsafe { route_owner_work(cq, n, wc) };
     }
+    // Only the turn's holder touches these.
+    slot.held_cq.store(cq as usize, Ordering::Relaxed);
+    slot.held_n.store(n as usize, Ordering::Relaxed);
+    slot.held_wc.store(wc as usize, Ordering::Relaxed);
     // SAFETY: the device's op of the CQ (stored from a `PollFn` before the key, which still names the CQ after
     // the op was read), called as `ibv_poll_cq` would have; this thread has the CQ's turn.
     let found = unsafe { std::mem::transmute::<usize, PollFn>(poll)(cq, n, wc) };
     if found > 0 {
-        // SAFETY: as `poll_cq` promises; `found` CQEs are in `wc`; this thread has the slot's turn.
-        return unsafe { route_owner_found(cq, n, wc, found) };
+        // SAFETY: the slot's held arguments are this poll's (`poll_cq`'s promises hold for them); `found` CQEs are
+        // in its `wc`; this thread has the slot's turn.
+        return unsafe { route_owner_found_held(slot, found) };
     }
     gate.leave();
     found
+}
+
+/// [`route_owner_found`] with the arguments the turn's holder kept in the slot.
+///
+/// # Safety
+/// As for [`route_owner_found`], with the slot's held arguments those of the poll.
+#[cold]
+#[inline(never)]
+unsafe fn route_owner_found_held(slot: &OwnerSlot, found: c_int) -> c_int {
+    let cq = slot.held_cq.load(Ordering::Relaxed) as *mut ibv_cq;
+    let n = slot.held_n.load(Ordering::Relaxed) as c_int;
+    let wc = slot.held_wc.load(Ordering::Relaxed) as *mut ibv_wc;
+    // SAFETY: the caller's promise.
+    unsafe { route_owner_found(cq, n, wc, found) }
 }
 
 /// Runs `f` with the record of `cq`, its bucket's owner, counted in the slot's readers; `None` if `cq` is not
