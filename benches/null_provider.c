@@ -36,6 +36,11 @@ struct null_qp {
     uint32_t mask, depth;
     uint32_t head, tail; /* free-running: WQEs [tail, head) hold a slot */
     unsigned sig_all;
+    /* Receives, kept only on a device with echo on (null_device_set_echo): wr_ids of posted receives;
+     * [rtail, rhead) hold a slot, [rnext, rhead) wait for a SEND to complete them. */
+    struct null_cq *recv_cq;
+    uint64_t *rring;
+    uint32_t rmask, rdepth, rhead, rnext, rtail;
 };
 
 struct null_device {
@@ -145,6 +150,80 @@ static uint32_t pow2_at_least(uint32_t n)
     return p;
 }
 
+/* ---- echo (null_device_set_echo): the same ops, with receives completed by SENDs ---------------------------- */
+
+/* A receive's CQE: the QP pointer tagged with its low bit (QPs are malloc'd: the bit is free), the receive's
+ * sequence number. The plain ops never see one. */
+#define RECV_TAG ((uintptr_t)1)
+
+static int null_post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    struct ibv_send_wr *w = wr;
+    int ret = null_post_send(ibqp, wr, bad_wr);
+    for (; w && (!ret || w != *bad_wr); w = w->next) {
+        if (w->opcode != IBV_WR_SEND || qp->rnext == qp->rhead)
+            continue;
+        struct null_cq *rcq = qp->recv_cq;
+        if (rcq->head - rcq->tail > rcq->mask)
+            rcq->overrun = 1;
+        else
+            rcq->ring[rcq->head++ & rcq->mask] = (struct null_cqe){(struct null_qp *)((uintptr_t)qp | RECV_TAG), qp->rnext++};
+    }
+    return ret;
+}
+
+static int null_post_recv_echo(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    if (!qp->rring) {
+        uint32_t size = pow2_at_least(qp->rdepth ? qp->rdepth : 1);
+        qp->rring = calloc(size, sizeof *qp->rring);
+        if (!qp->rring) {
+            *bad_wr = wr;
+            return ENOMEM;
+        }
+        qp->rmask = size - 1;
+    }
+    for (; wr; wr = wr->next) {
+        if (qp->rhead - qp->rtail >= qp->rdepth) {
+            *bad_wr = wr;
+            return ENOMEM;
+        }
+        qp->rring[qp->rhead++ & qp->rmask] = wr->wr_id;
+    }
+    return 0;
+}
+
+static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+    struct null_cq *cq = (struct null_cq *)ibcq;
+    if (cq->overrun) {
+        errno = EOVERFLOW;
+        return -1;
+    }
+    int i = 0;
+    for (uint32_t tail = cq->tail; i < n && tail != cq->head; i++, tail++) {
+        struct null_cqe *c = &cq->ring[tail & cq->mask];
+        struct null_qp *qp = (struct null_qp *)((uintptr_t)c->qp & ~RECV_TAG);
+        memset(&wc[i], 0, sizeof wc[i]);
+        if ((uintptr_t)c->qp & RECV_TAG) {
+            wc[i].wr_id = qp->rring[c->seq & qp->rmask];
+            qp->rtail = c->seq + 1;
+            wc[i].opcode = IBV_WC_RECV;
+        } else {
+            struct null_wqe *w = &qp->ring[c->seq & qp->mask];
+            qp->tail = c->seq + 1;
+            wc[i].wr_id = w->wr_id;
+            wc[i].opcode = wc_opcode(w->opcode);
+        }
+        wc[i].status = IBV_WC_SUCCESS;
+        wc[i].qp_num = qp->qp.qp_num;
+    }
+    cq->tail += (uint32_t)i;
+    return i;
+}
+
 struct null_device *null_device_new(void)
 {
     struct null_device *dev = calloc(1, sizeof *dev);
@@ -235,6 +314,8 @@ struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *
     qp->mask = size - 1;
     qp->depth = attr->cap.max_send_wr;
     qp->sig_all = attr->sq_sig_all ? IBV_SEND_SIGNALED : 0;
+    qp->recv_cq = (struct null_cq *)attr->recv_cq;
+    qp->rdepth = attr->cap.max_recv_wr;
     dev->objects++;
     return &qp->qp;
 }
@@ -243,6 +324,7 @@ int null_destroy_qp(struct ibv_qp *ibqp)
 {
     struct null_qp *qp = (struct null_qp *)ibqp;
     qp->dev->objects--;
+    free(qp->rring);
     free(qp->ring);
     free(qp);
     return 0;
@@ -251,4 +333,15 @@ int null_destroy_qp(struct ibv_qp *ibqp)
 void null_device_stats(const struct null_device *dev, struct null_stats *out)
 {
     *out = dev->stats;
+}
+
+int null_device_set_echo(struct null_device *dev)
+{
+    if (!dev || dev->objects)
+        return -1;
+    struct ibv_context *ctx = &dev->vctx.context;
+    ctx->ops.post_send = null_post_send_echo;
+    ctx->ops.post_recv = null_post_recv_echo;
+    ctx->ops.poll_cq = null_poll_cq_echo;
+    return 0;
 }

@@ -13,6 +13,10 @@
  *              sq_sig_all), appends a CQE to the send CQ at once. The WQE is complete when posted; nothing is
  *              transferred and the SGEs are not read (nor is num_sge checked against max_send_sge).
  *   post_recv  accepts and drops receives (no receive completions are ever made).
+ * With echo on (null_device_set_echo, a host's loop), the device has ops of its own: post_recv keeps receives
+ * (ENOMEM past max_recv_wr), and every SEND WQE a post_send accepts completes the oldest waiting receive of its
+ * QP at once, with a receive CQE (IBV_WC_RECV, the receive's wr_id) on the QP's recv CQ, as the peer's response
+ * would; poll_cq returns both kinds. The plain ops are untouched by it.
  *   poll_cq    pops up to n CQEs into ibv_wc (status IBV_WC_SUCCESS, the WQE's wr_id, opcode, qp_num); a CQE
  *              frees every SQ slot of its QP up to and including its WQE.
  * A CQ overrun (a signaled WQE with the CQ full) makes every later poll_cq return -1 (errno EOVERFLOW).
@@ -49,5 +53,8 @@ struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *
 int null_destroy_qp(struct ibv_qp *qp);
 
 void null_device_stats(const struct null_device *dev, struct null_stats *out);
+
+/* Turns echo on (see above) for a device with no CQ or QP yet. 0, or -1. */
+int null_device_set_echo(struct null_device *dev);
 
 #endif

@@ -1,6 +1,7 @@
 /* spdk_bench: what libsqdisc_spdk costs SPDK per WR, against a provider that does what SPDK's verbs provider
- * does (a list appended by queue_send_wrs, one ibv_post_send per flush), on the software HCA's null mode
- * (every WQE completes at post: what is measured is the provider's work plus the device's minimal path).
+ * does (a list appended by queue_send_wrs, one ibv_post_send per flush), on the null provider of the
+ * benchmarks (benches/null_provider.h: a few instructions per WR, every WQE complete at post), so that what is
+ * measured is the providers' own work.
  *
  * The loop is the NVMe-oF target's: requests of three unsignaled RDMA WRITEs chained before a signaled
  * response SEND, admitted while SPDK's send depth allows (max_send_wr = 2 * qd), each queued with
@@ -10,15 +11,20 @@
  *   verbs    the provider functions of this file: SPDK's verbs provider's behaviour, written here
  *   sqdisc   libsqdisc_spdk (the CQ polled through its interposed poll_cq)
  *
- * usage: spdk_bench verbs|sqdisc [-n requests] [-b batch] [-q qd]
+ * With -m host, the loop is the NVMe-RDMA host's instead: per request, one receive for the response queued with
+ * queue_recv_wrs and one signaled capsule SEND with queue_send_wrs, max_send_wr = max_recv_wr = qd, both lists
+ * flushed once per round of B requests (receives first); the null device, with echo on, completes the receive
+ * when the SEND is posted, as the target's response would, and a request ends with both completions polled.
+ *
+ * usage: spdk_bench verbs|sqdisc [-m target|host] [-n requests] [-b batch] [-q qd]
  * Output: one line of key=value pairs (wrs, cqes, doorbells, provider). Instructions per WR come from two
  * callgrind runs, -n N and -n 0, subtracted (scripts/bench.sh). */
 
 #define _GNU_SOURCE
 #include <sqdisc_spdk.h>
-#include <sqdisc_sim.h>
 
-#include "../c-tests/support/spdk_standin.h"
+#include "null_provider.h"
+#include "spdk_null_standin.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -29,7 +35,7 @@
 #define DIE(...)                                                                                             \
     do {                                                                                                     \
         fprintf(stderr, "spdk_bench: " __VA_ARGS__);                                                         \
-        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, standin.last_log);                          \
+        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, bench.last_log);                          \
         exit(1);                                                                                             \
     } while (0)
 
@@ -72,26 +78,169 @@ static int verbs_flush(struct verbs_qp *v, struct ibv_send_wr **bad)
     return rc;
 }
 
-/* ---- the loop -------------------------------------------------------------------------------------------------- */
+static int verbs_queue_recv(struct verbs_qp *v, struct ibv_recv_wr **first, struct ibv_recv_wr **last,
+                            struct ibv_recv_wr *wr)
+{
+    (void)v;
+    int was_empty = *first == NULL;
+    if (was_empty)
+        *first = wr;
+    else
+        (*last)->next = wr;
+    *last = wr;
+    return was_empty;
+}
+
+static char data[PER][64];
+
+/* ---- the host's loop ----------------------------------------------------------------------------------------- */
+
+struct host_request {
+    struct ibv_send_wr s;
+    struct ibv_sge ss;
+    struct ibv_recv_wr r;
+    struct ibv_sge rs;
+    int left;
+};
+
+static int host_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
+{
+    bench.dev = null_device_new();
+    if (!bench.dev || null_device_set_echo(bench.dev))
+        DIE("null_device_new");
+    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
+    if (!cq)
+        DIE("create_cq");
+    struct ibv_pd pd;
+    memset(&pd, 0, sizeof pd);
+    pd.context = cq->context;
+    struct rdma_cm_id id;
+    memset(&id, 0, sizeof id);
+    struct spdk_rdma_provider_qp *sq = NULL;
+    struct verbs_qp vq;
+    memset(&vq, 0, sizeof vq);
+    struct ibv_recv_wr *rfirst = NULL, *rlast = NULL;
+    struct spdk_rdma_provider_qp_init_attr a;
+    memset(&a, 0, sizeof a);
+    a.send_cq = a.recv_cq = cq;
+    a.pd = &pd;
+    a.cap.max_send_wr = qd;
+    a.cap.max_recv_wr = qd;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    if (use_sqdisc) {
+        sq = spdk_rdma_provider_qp_create(&id, &a);
+        if (!sq)
+            DIE("qp_create");
+    } else {
+        struct ibv_qp_init_attr qa;
+        memset(&qa, 0, sizeof qa);
+        qa.send_cq = qa.recv_cq = cq;
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = a.cap;
+        vq.qp = null_create_qp(bench.dev, &qa);
+        if (!vq.qp)
+            DIE("create_qp");
+    }
+    struct host_request *req = calloc(qd, sizeof *req);
+    unsigned *free_slots = calloc(qd, sizeof *free_slots);
+    if (!req || !free_slots)
+        DIE("calloc");
+    unsigned nfree = qd;
+    for (unsigned i = 0; i < qd; i++)
+        free_slots[i] = i;
+    uint64_t started = 0, done = 0;
+    struct ibv_wc wc[32];
+    while (done < n) {
+        for (unsigned k = 0; k < batch && started < n && nfree; k++) {
+            unsigned s = free_slots[--nfree];
+            struct host_request *r = &req[s];
+            r->rs = (struct ibv_sge){.addr = (uintptr_t)data[0], .length = 64, .lkey = 0x1234};
+            r->r = (struct ibv_recv_wr){.wr_id = (uint64_t)s * 2 + 1, .sg_list = &r->rs, .num_sge = 1};
+            r->ss = (struct ibv_sge){.addr = (uintptr_t)data[1], .length = 64, .lkey = 0x1234};
+            r->s = (struct ibv_send_wr){.wr_id = (uint64_t)s * 2, .sg_list = &r->ss, .num_sge = 1,
+                                        .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+            r->left = 2;
+            if (use_sqdisc) {
+                spdk_rdma_provider_qp_queue_recv_wrs(sq, &r->r);
+                spdk_rdma_provider_qp_queue_send_wrs(sq, &r->s);
+            } else {
+                verbs_queue_recv(&vq, &rfirst, &rlast, &r->r);
+                verbs_queue(&vq, &r->s);
+            }
+            started++;
+        }
+        int rc;
+        if (use_sqdisc) {
+            struct ibv_recv_wr *rbad = NULL;
+            struct ibv_send_wr *bad = NULL;
+            rc = spdk_rdma_provider_qp_flush_recv_wrs(sq, &rbad);
+            rc = rc ? rc : spdk_rdma_provider_qp_flush_send_wrs(sq, &bad);
+        } else {
+            struct ibv_recv_wr *rbad = NULL;
+            struct ibv_send_wr *bad = NULL;
+            rc = rfirst ? ibv_post_recv(vq.qp, rfirst, &rbad) : 0;
+            rfirst = NULL;
+            rc = rc ? rc : verbs_flush(&vq, &bad);
+        }
+        if (rc)
+            DIE("flush: %d", rc);
+        int got = ibv_poll_cq(cq, 32, wc);
+        if (got < 0)
+            DIE("poll");
+        for (int i = 0; i < got; i++) {
+            enum ibv_wc_opcode want = wc[i].wr_id % 2 ? IBV_WC_RECV : IBV_WC_SEND;
+            if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != want || wc[i].wr_id / 2 >= qd)
+                DIE("unexpected completion wr_id %" PRIu64 " status %d", wc[i].wr_id, wc[i].status);
+            unsigned s = (unsigned)(wc[i].wr_id / 2);
+            if (--req[s].left == 0) {
+                free_slots[nfree++] = s;
+                done++;
+            }
+        }
+    }
+    struct null_stats st;
+    null_device_stats(bench.dev, &st);
+    typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
+    alloc_counts_fn counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
+    unsigned long long allocs = 0, frees = 0;
+    long long live = 0;
+    if (counts)
+        counts(&allocs, &frees, &live);
+    printf("provider=%s mode=host requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64
+           " allocs=%llu\n", use_sqdisc ? "sqdisc" : "verbs", n, n * 2, st.cqes, st.doorbells, allocs);
+    if (use_sqdisc)
+        spdk_rdma_provider_qp_destroy(sq);
+    else if (null_destroy_qp(vq.qp))
+        DIE("destroy_qp");
+    if (null_destroy_cq(cq) || null_device_free(bench.dev))
+        DIE("teardown");
+    free(req);
+    free(free_slots);
+    return 0;
+}
+
+/* ---- the target's loop ------------------------------------------------------------------------------------- */
 
 struct request {
     struct ibv_send_wr wr[PER];
     struct ibv_sge sge[PER];
 };
 
-static char data[PER][64];
 
 int main(int argc, char **argv)
 {
     if (argc < 2)
-        DIE("usage: spdk_bench verbs|sqdisc [-n requests] [-b batch] [-q qd]");
+        DIE("usage: spdk_bench verbs|sqdisc [-m target|host] [-n requests] [-b batch] [-q qd]");
     int use_sqdisc = strcmp(argv[1], "sqdisc") == 0;
     if (!use_sqdisc && strcmp(argv[1], "verbs") != 0)
         DIE("unknown provider %s", argv[1]);
     uint64_t n = 20000;
     unsigned batch = 8, qd = 64;
+    int host = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-n"))
+        if (!strcmp(argv[i], "-m"))
+            host = !strcmp(argv[i + 1], "host");
+        else if (!strcmp(argv[i], "-n"))
             n = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "-b"))
             batch = (unsigned)atoi(argv[i + 1]);
@@ -100,21 +249,26 @@ int main(int argc, char **argv)
         else
             DIE("unknown option %s", argv[i]);
     }
+    if (host) {
+        if (batch < 1 || qd < 2 || qd > MAX_QD || batch > qd)
+            DIE("need 1 <= batch <= qd <= %d", MAX_QD);
+        return host_loop(use_sqdisc, n, batch, qd);
+    }
     if (batch < 1 || qd < 2 || qd > MAX_QD / 2 || batch * PER > 2 * qd)
         DIE("need 1 <= batch, 2 <= qd <= %d, batch * %d <= 2 * qd", MAX_QD / 2, PER);
     unsigned max_send = 2 * qd, slots = max_send / PER;
 
-    struct sqd_sim_config cfg;
-    sqd_sim_config_default(&cfg);
-    cfg.flags = SQD_SIM_NULL;
-    if (sqd_sim_new(&cfg, &standin.sim))
-        DIE("sqd_sim_new");
-    struct ibv_mr *mr = NULL;
-    if (sqd_sim_reg_mr(standin.sim, data, sizeof data, IBV_ACCESS_LOCAL_WRITE, &mr))
-        DIE("reg_mr");
-    struct ibv_cq *cq = NULL;
-    if (sqd_sim_create_cq(standin.sim, 4096, &cq))
+    bench.dev = null_device_new();
+    if (!bench.dev)
+        DIE("null_device_new");
+    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
+    if (!cq)
         DIE("create_cq");
+    /* The null device reads no SGE, and has no PD: one stands for it. */
+    struct ibv_pd pd;
+    memset(&pd, 0, sizeof pd);
+    pd.context = cq->context;
+    const uint32_t lkey = 0x1234;
 
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);
@@ -124,7 +278,7 @@ int main(int argc, char **argv)
     struct spdk_rdma_provider_qp_init_attr a;
     memset(&a, 0, sizeof a);
     a.send_cq = a.recv_cq = cq;
-    a.pd = sqd_sim_pd(standin.sim);
+    a.pd = &pd;
     a.cap.max_send_wr = max_send;
     a.cap.max_recv_wr = 1;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
@@ -138,7 +292,8 @@ int main(int argc, char **argv)
         qa.send_cq = qa.recv_cq = cq;
         qa.qp_type = IBV_QPT_RC;
         qa.cap = a.cap;
-        if (sqd_sim_create_qp(standin.sim, &qa, &vq.qp))
+        vq.qp = null_create_qp(bench.dev, &qa);
+        if (!vq.qp)
             DIE("create_qp");
     }
 
@@ -159,7 +314,7 @@ int main(int argc, char **argv)
             for (int j = 0; j < PER; j++) {
                 r->sge[j].addr = (uintptr_t)data[j];
                 r->sge[j].length = 64;
-                r->sge[j].lkey = mr->lkey;
+                r->sge[j].lkey = lkey;
                 r->wr[j].wr_id = (uint64_t)s * PER + (uint64_t)j;
                 r->wr[j].sg_list = &r->sge[j];
                 r->wr[j].num_sge = 1;
@@ -190,8 +345,8 @@ int main(int argc, char **argv)
         }
     }
 
-    struct sqd_sim_stats st;
-    sqd_sim_stats(standin.sim, &st);
+    struct null_stats st;
+    null_device_stats(bench.dev, &st);
     /* Heap allocations so far, when benches/alloc_count.so is preloaded (set up and loop; the script
      * subtracts a 0-request run). */
     typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
@@ -204,9 +359,9 @@ int main(int argc, char **argv)
            use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs);
     if (use_sqdisc)
         spdk_rdma_provider_qp_destroy(sq);
-    else if (sqd_sim_destroy_qp(vq.qp))
+    else if (null_destroy_qp(vq.qp))
         DIE("destroy_qp");
-    if (sqd_sim_destroy_cq(cq) || sqd_sim_dereg_mr(mr) || sqd_sim_free(standin.sim))
+    if (null_destroy_cq(cq) || null_device_free(bench.dev))
         DIE("teardown");
     free(req);
     free(free_slots);

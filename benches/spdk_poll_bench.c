@@ -1,4 +1,5 @@
-/* spdk_poll_bench: what libsqdisc_spdk's interposed poll_cq costs each ibv_poll_cq, on the software HCA.
+/* spdk_poll_bench: what libsqdisc_spdk's interposed poll_cq costs each ibv_poll_cq, on the null provider of the
+ * benchmarks (benches/null_provider.h).
  *
  * The first qpair libsqdisc_spdk makes on a device context replaces the context's poll_cq op, so every CQ of
  * that context is polled through the provider from then on, whether a qpair of the provider uses it or not.
@@ -12,10 +13,10 @@
  * usage: spdk_poll_bench unpatched|passthrough|managed [-n polls]
  * Instructions per poll come from two callgrind runs, -n N and -n 0, subtracted (scripts/bench-spdk.sh). */
 
-#include <sqdisc_sim.h>
 #include <sqdisc_spdk.h>
 
-#include "../c-tests/support/spdk_standin.h"
+#include "null_provider.h"
+#include "spdk_null_standin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@
 #define DIE(...)                                                                                             \
     do {                                                                                                     \
         fprintf(stderr, "spdk_poll_bench: " __VA_ARGS__);                                                    \
-        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, standin.last_log);                          \
+        fprintf(stderr, " (line %d; last log: %s)\n", __LINE__, bench.last_log);                          \
         exit(1);                                                                                             \
     } while (0)
 
@@ -42,14 +43,15 @@ int main(int argc, char **argv)
     else if (argc != 2)
         DIE("usage: spdk_poll_bench unpatched|passthrough|managed [-n polls]");
 
-    struct sqd_sim_config cfg;
-    sqd_sim_config_default(&cfg);
-    cfg.flags = SQD_SIM_NULL;
-    if (sqd_sim_new(&cfg, &standin.sim))
-        DIE("sqd_sim_new");
-    struct ibv_cq *qp_cq = NULL, *other_cq = NULL;
-    if (sqd_sim_create_cq(standin.sim, 1024, &qp_cq) || sqd_sim_create_cq(standin.sim, 1024, &other_cq))
+    bench.dev = null_device_new();
+    if (!bench.dev)
+        DIE("null_device_new");
+    struct ibv_cq *qp_cq = null_create_cq(bench.dev, 1024), *other_cq = null_create_cq(bench.dev, 1024);
+    if (!qp_cq || !other_cq)
         DIE("create_cq");
+    struct ibv_pd pd; /* the null device has no PD: one stands for it */
+    memset(&pd, 0, sizeof pd);
+    pd.context = qp_cq->context;
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);
     struct spdk_rdma_provider_qp *q = NULL;
@@ -57,7 +59,7 @@ int main(int argc, char **argv)
         struct spdk_rdma_provider_qp_init_attr a;
         memset(&a, 0, sizeof a);
         a.send_cq = a.recv_cq = qp_cq;
-        a.pd = sqd_sim_pd(standin.sim);
+        a.pd = &pd;
         a.cap.max_send_wr = 64;
         a.cap.max_recv_wr = 64;
         a.cap.max_send_sge = a.cap.max_recv_sge = 1;
@@ -76,7 +78,7 @@ int main(int argc, char **argv)
     }
     printf("mode=%s polls=%lu completions=%lu\n", mode, n, found);
     spdk_rdma_provider_qp_destroy(q);
-    if (sqd_sim_destroy_cq(qp_cq) || sqd_sim_destroy_cq(other_cq) || sqd_sim_free(standin.sim))
+    if (null_destroy_cq(qp_cq) || null_destroy_cq(other_cq) || null_device_free(bench.dev))
         DIE("teardown");
     return 0;
 }

@@ -273,11 +273,11 @@ static void a_flush_bigger_than_the_sq_is_backlogged_where_raw_verbs_fail_with_e
 
     /* The provider takes them: 8 into the SQ, the rest into the qpair's backlog, which holds max_send_wr WRs
      * (all SPDK ever has outstanding, so sqdisc's own signaled markers never cost SPDK an ENOMEM). Past that
-     * it refuses with EAGAIN, *bad_wr at the first WR not taken. */
+     * it refuses as a full SQ does, ENOMEM, *bad_wr at the first WR not taken. */
     wrs[15].send_flags = IBV_SEND_SIGNALED;
     spdk_rdma_provider_qp_queue_send_wrs(q, wrs);
     bad = NULL;
-    CHECK_EQ(spdk_rdma_provider_qp_flush_send_wrs(q, &bad), EAGAIN);
+    CHECK_EQ(spdk_rdma_provider_qp_flush_send_wrs(q, &bad), ENOMEM);
     CHECK(bad == &wrs[16]);
     struct sqd_queue_stats s = qstats(q);
     CHECK_EQ(s.accepted, 16);

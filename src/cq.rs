@@ -390,6 +390,22 @@ impl Cq {
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
         self.shared.poll(out)
     }
+
+    /// `poll` for a caller that made the first provider call itself: the provider's poll op put `found` CQEs in
+    /// the first entries of `out`, and this processes them exactly as `poll` would have after its own first call
+    /// (and polls again while the CQ fills `out`). With [`Cq::has_watched_tails`] false and no CQE found, it only
+    /// counts the poll: a caller that skips the call for such empty polls loses nothing but that count. For a
+    /// layer that must see the provider's answer before it takes the lock that guards this CQ.
+    pub fn poll_found(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
+        self.shared.poll_found_by_caller(out, found.min(out.len()))
+    }
+
+    /// Whether a queue's idle unsignaled tail is watched on this CQ, so that an empty poll has work to do
+    /// (covering it); when false, an empty poll of the provider is all `poll` would do.
+    #[inline]
+    pub fn has_watched_tails(&self) -> bool {
+        self.shared.watching.get() != 0
+    }
 }
 
 impl CqShared {
@@ -569,6 +585,21 @@ impl CqShared {
                 failed(e)
             }
         }
+    }
+
+    /// `poll_then` with the provider's first call made by the caller (`Cq::poll_found`).
+    fn poll_found_by_caller(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
+        if self.polling.replace(true) {
+            return reentered(Err);
+        }
+        let _guard = ResetOnDrop(&self.polling);
+        self.armed.set(false);
+        if found == 0 {
+            bump(if out.is_empty() { &self.counts.busy_polls } else { &self.counts.idle_polls }, 1);
+            self.cover_idle_tails(false);
+            return Ok(0);
+        }
+        self.poll_found(out, found, Ok, Err)
     }
 
     /// The rest of `poll_then` once the provider's first call put `found` (> 0) CQEs in `out`.
@@ -917,6 +948,37 @@ mod tests {
         assert_eq!(counts(&cq), (4, 2));
         assert_eq!(cq.poll(&mut wc).unwrap(), 1);
         assert_eq!(counts(&cq), (5, 3));
+    }
+
+    /// CQEs the caller polled from the provider itself, handed to `poll_found`, are processed as `poll` would
+    /// have: hidden ones released, the others kept with their wr_ids, counted once; an unsignaled tail is
+    /// watched (`has_watched_tails`) until a poll covers it.
+    #[test]
+    fn poll_found_processes_what_the_caller_polled_as_poll_would() {
+        let (dev, raw, cq, qp, q) = one_queue(4);
+        // SAFETY: all-zero is a valid `ibv_wc`.
+        let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
+        assert!(!cq.has_watched_tails());
+        post_sends(&q, 4);
+        dev.complete(qp, 4).unwrap();
+        // SAFETY: the scripted CQ's own poll op, with room for 8 entries.
+        let found = unsafe { (*(*raw).context).ops.poll_cq.unwrap()(raw, 8, wc.as_mut_ptr()) };
+        assert_eq!(found, 1, "one CQE: the fourth WR, signaled by the queue");
+        assert_eq!(cq.poll_found(&mut wc, found as usize).unwrap(), 0, "hidden");
+        assert_eq!(q.stats().released, 4);
+        assert_eq!(cq.stats().polls, 1);
+        assert_eq!(cq.poll_found(&mut wc, 0).unwrap(), 0);
+        assert_eq!(cq.stats().polls, 2);
+        // Two WRs leave an unsignaled tail: watched until a poll covers it with a marker.
+        post_sends(&q, 2);
+        assert!(cq.has_watched_tails());
+        for _ in 0..3 {
+            let _ = cq.poll(&mut wc).unwrap();
+        }
+        dev.complete(qp, 3).unwrap();
+        assert_eq!(poll_all(&cq), 0);
+        assert_eq!(q.stats().released, 6);
+        assert!(!cq.has_watched_tails());
     }
 
     #[test]

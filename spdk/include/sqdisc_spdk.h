@@ -13,6 +13,14 @@
  * through SPDK's spdk_rdma_cm_* where the process has them (master), else through librdmacm (the releases). If SPDK's header was included
  * first (SPDK_RDMA_H defined), SPDK's declarations are used and only the sqd_spdk_* functions are added.
  *
+ * Environment, read when the process makes its first qpair: SQDISC_SPDK_BACKLOG_LIMIT=<n> sets the most WRs
+ * the qpairs of one CQ may park at once, all together (sqd_cq_set_backlog_limit); default 16, 0 for no limit
+ * (each qpair's backlog then keeps room for max_send_wr WRs of its own, about 115 KB for a qpair of max_send_wr
+ * 256 and 16 SGEs; with the default such a qpair costs under 16 KB at rest). A flush that would park past the
+ * limit returns ENOMEM with *bad_wr at the first WR not taken, as ibv_post_send on a full SQ. With
+ * SQDISC_SPDK_VERIFY_BUFFERS=1, every send WR's source bytes are checksummed at flush and at release, and a
+ * difference is logged (docs/spdk.md).
+ *
  * Thread safety: as SPDK's provider. The functions of one qpair or SRQ are called from one thread at a time
  * (its poll group's); qpairs and SRQs of different poll groups may be used from different threads at once.
  */
@@ -157,7 +165,9 @@ _Static_assert(sizeof(struct spdk_rdma_provider_qp_stats) == 32, "qp_stats layou
 int sqd_spdk_qp_stats(const struct spdk_rdma_provider_qp *qp, struct sqd_queue_stats *out);
 
 /* Copies the sqdisc counters of a CQ that qpairs of this provider use (capacity, reserved CQEs, CQEs
- * passed through...) into *out. Returns 0, -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
+ * passed through...) into *out. `polls` counts the polls that went through sqdisc: an empty poll that the
+ * provider answers from the device alone (nothing owed, no idle tail watched) is not counted. Returns 0,
+ * -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
 int sqd_spdk_cq_stats(struct ibv_cq *cq, struct sqd_cq_stats *out);
 
 #ifdef __cplusplus

@@ -8,10 +8,53 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
+use std::num::NonZeroUsize;
+
+use parking_lot::lock_api::{self, GetThreadId};
+use parking_lot::RawMutex;
 use rdma_sys::{ibv_cq, ibv_wc};
+
+/// The current thread's identity for the domains' reentrant locks: its thread pointer (`fs:0` on x86_64, the
+/// TCB's own address; `tpidr_el0` on aarch64), one instruction where parking_lot's default takes the address of a
+/// thread-local, which a shared library reaches through a `__tls_get_addr` call on every lock.
+pub(crate) struct ThreadPointer;
+
+// SAFETY: the thread pointer is non-zero and distinct for every thread alive at the same time (it is the
+// address of that thread's own control block), which is what the trait asks of an identity.
+unsafe impl GetThreadId for ThreadPointer {
+    const INIT: ThreadPointer = ThreadPointer;
+
+    #[inline(always)]
+    fn nonzero_thread_id(&self) -> NonZeroUsize {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let tp: usize;
+            // SAFETY: reads the word at fs:0, which the C library sets to the thread control block's own address
+            // for every thread (the x86_64 TLS ABI); no memory is written.
+            unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags)) };
+            // SAFETY: that address, of a live thread's control block, is never 0.
+            #[allow(clippy::needless_return)]
+            return unsafe { NonZeroUsize::new_unchecked(tp) };
+        }
+        #[cfg(all(target_arch = "aarch64", target_os = "linux"))]
+        {
+            let tp: usize;
+            // SAFETY: reads the thread pointer register; no memory is touched.
+            unsafe { std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nomem, nostack, preserves_flags)) };
+            if let Some(id) = NonZeroUsize::new(tp) {
+                return id;
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        parking_lot::RawThreadId.nonzero_thread_id()
+    }
+}
+
+type ReentrantMutex<T> = lock_api::ReentrantMutex<RawMutex, ThreadPointer, T>;
+pub(crate) type ReentrantMutexGuard<'a, T> = lock_api::ReentrantMutexGuard<'a, RawMutex, ThreadPointer, T>;
 
 /// Work completions the provider owes SPDK that no CQE carries (WRs flushed before they reached the SQ), in
 /// the order raw verbs would have delivered them; returned by the next polls of their CQ before new CQEs.
@@ -22,6 +65,129 @@ pub(crate) struct ManagedCq {
     pub cq: *mut ibv_cq,
     pub sqd: sqdisc::Cq,
     pub pending: Pending,
+    pub gate: GateRef,
+}
+
+impl ManagedCq {
+    /// Records, for the poll path's lock-free check, whether an empty poll must go through sqdisc: flush
+    /// completions are owed, or a queue's idle tail is watched. Called under the domain's lock after everything
+    /// that may change either (a poll, a flush).
+    #[inline]
+    pub fn update_gate(&self) {
+        let needs = !self.pending.borrow().is_empty() || self.sqd.has_watched_tails();
+        self.gate.set_needs_sqdisc(needs);
+    }
+}
+
+/// What the poll path reads of a managed CQ without the domain's lock, in one word: the thread polling the CQ
+/// now (its [`thread_id`], bit 0 clear), or 0, and in bit 0 whether an empty poll must go through sqdisc
+/// ([`ManagedCq::update_gate`]; else the device's op alone answers it, and only CQEs it finds are taken to
+/// sqdisc, under the lock). Pollers of one CQ take turns, so that CQEs reach sqdisc in the order the device
+/// gave them even when the device is polled before the lock is taken. The common poll takes the turn with one
+/// compare-exchange from 0, which fails when the flag is set as when the turn is taken.
+pub(crate) struct CqGate {
+    word: AtomicUsize,
+}
+
+/// How a poller entered a CQ's gate ([`CqGate::enter`]).
+pub(crate) enum Entered {
+    /// It has the turn; sqdisc has work (the flag was set).
+    Sqdisc,
+    /// It has the turn; the device's op alone may answer.
+    Device,
+    /// The thread already had the turn: a poll from inside its own poll of the CQ.
+    Reentered,
+}
+
+const NEEDS_SQDISC: usize = 1;
+
+impl CqGate {
+    pub const fn new() -> CqGate {
+        CqGate { word: AtomicUsize::new(0) }
+    }
+
+    /// Takes the turn if it is free and sqdisc has no work: the common poll.
+    #[inline(always)]
+    pub fn try_enter_quiet(&self, me: usize) -> bool {
+        self.word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Takes the turn, waiting for it if another thread has it.
+    pub fn enter(&self, me: usize) -> Entered {
+        let mut spins = 0u32;
+        loop {
+            let v = self.word.load(Ordering::Relaxed);
+            let owner = v & !NEEDS_SQDISC;
+            if owner == me {
+                return Entered::Reentered;
+            }
+            if owner == 0 {
+                if self.word.compare_exchange_weak(v, v | me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    return if v & NEEDS_SQDISC != 0 { Entered::Sqdisc } else { Entered::Device };
+                }
+                continue;
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Whether sqdisc has work, read by the turn's holder.
+    #[inline]
+    pub fn needs_sqdisc(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & NEEDS_SQDISC != 0
+    }
+
+    /// Gives the turn back, keeping the flag.
+    #[inline(always)]
+    pub fn leave(&self) {
+        self.word.fetch_and(NEEDS_SQDISC, Ordering::Release);
+    }
+
+    /// Sets or clears the flag, keeping the turn.
+    #[inline]
+    pub fn set_needs_sqdisc(&self, needs: bool) {
+        if needs {
+            self.word.fetch_or(NEEDS_SQDISC, Ordering::Relaxed);
+        } else {
+            self.word.fetch_and(!NEEDS_SQDISC, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Where a managed CQ's gate lives: in its route bucket's static slot when the CQ is the bucket's owner (the
+/// poll path then reaches it with no pointer to follow), else on the heap.
+#[derive(Clone)]
+pub(crate) enum GateRef {
+    Slot(&'static CqGate),
+    Own(Arc<CqGate>),
+}
+
+impl std::ops::Deref for GateRef {
+    type Target = CqGate;
+    #[inline(always)]
+    fn deref(&self) -> &CqGate {
+        match self {
+            GateRef::Slot(g) => g,
+            GateRef::Own(g) => g,
+        }
+    }
+}
+
+/// The current thread's identity for the gates: non-zero, with bit 0 clear (the thread pointer is the address of
+/// a thread control block, aligned to at least 16 bytes; elsewhere parking_lot's identity, shifted).
+#[inline(always)]
+pub(crate) fn thread_id() -> usize {
+    let id = ThreadPointer.nonzero_thread_id().get();
+    if cfg!(all(any(target_arch = "x86_64", target_arch = "aarch64"), target_os = "linux")) {
+        id
+    } else {
+        id << 1
+    }
 }
 
 pub(crate) struct DomainState {
@@ -34,11 +200,11 @@ impl DomainState {
     }
 }
 
-/// A domain's lock and state. Cells are never freed: the poll path finds a CQ's cell without a lock
-/// (`interpose`), so a cell must stay valid however late a poller reads a stale pointer to it. A cell whose
-/// domain is gone (its state empty) goes back to a pool and serves the next domain; a poller holding a stale
-/// pointer then finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is what
-/// the CQ became.
+/// A domain's lock and state, shared (`Arc`) by the domain and by the poll path's table of managed CQs
+/// (`interpose`). The poll path finds a CQ's cell without a lock and holds it (an `Arc`, or a record it counts
+/// itself in) while it polls, so a cell outlives every poller that found it. A poller that finds a cell
+/// whose domain is gone finds its CQ missing from the cell's state and polls it as an unmanaged CQ, which is
+/// what the CQ became.
 pub(crate) struct DomainCell {
     state: ReentrantMutex<RefCell<DomainState>>,
 }
@@ -49,49 +215,40 @@ impl DomainCell {
     }
 }
 
-/// Cells of domains that are gone, for the next ones: at most as many as domains ever lived at once.
-static POOL: Mutex<Vec<&'static DomainCell>> = Mutex::new(Vec::new());
-
 /// A lock domain: owned (`Arc`) by the queues and SRQs of one group and by the CQs it manages.
 pub(crate) struct Domain {
-    cell: &'static DomainCell,
+    cell: Arc<DomainCell>,
 }
 
 // SAFETY: a domain's state (and every `Guarded` value of the domain) holds `Rc`-based sqdisc objects that refer
 // only to each other; all of them are created, used and dropped with the domain's lock held, so their
 // non-atomic reference counts and cells are never touched by two threads at once, and the lock orders the
-// accesses of successive threads.
+// accesses of successive threads. A cell outlived by its domain has an empty state.
 unsafe impl Send for DomainState {}
 
 impl Domain {
     pub fn new() -> Arc<Domain> {
-        let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let cell = pooled.unwrap_or_else(|| {
-            Box::leak(Box::new(DomainCell { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) }))
-        });
-        Arc::new(Domain { cell })
+        Arc::new(Domain { cell: Arc::new(DomainCell { state: ReentrantMutex::new(RefCell::new(DomainState { cqs: Vec::new() })) }) })
     }
 
     pub fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<DomainState>> {
         self.cell.lock()
     }
 
-    /// The domain's cell, valid for the life of the process.
-    pub fn cell(&self) -> &'static DomainCell {
-        self.cell
+    /// The domain's cell, for the poll path's table.
+    pub fn cell(&self) -> &Arc<DomainCell> {
+        &self.cell
     }
 }
 
 impl Drop for Domain {
     fn drop(&mut self) {
-        // Every queue, SRQ and managed CQ of the domain held it: its state is empty now.
-        {
-            let held = self.cell.lock();
-            let mut st = held.borrow_mut();
-            debug_assert!(st.cqs.is_empty(), "a domain dropped with managed CQs");
-            st.cqs.clear();
-        }
-        POOL.lock().unwrap_or_else(|e| e.into_inner()).push(self.cell);
+        // Every queue, SRQ and managed CQ of the domain held it: its state is empty now. The cell may outlive
+        // the domain in a table a poller still reads; it must not keep sqdisc objects alive there.
+        let held = self.cell.lock();
+        let mut st = held.borrow_mut();
+        debug_assert!(st.cqs.is_empty(), "a domain dropped with managed CQs");
+        st.cqs.clear();
     }
 }
 

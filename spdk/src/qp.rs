@@ -27,6 +27,8 @@ pub(crate) struct ShimQp {
 pub(crate) struct QpState {
     pub queue: Queue,
     qp_num: u32,
+    /// The send CQ, whose gate a flush updates.
+    send_cq: *mut ibv_cq,
     pending: Pending,
     /// Set while the qpair is destroyed: releases then owe SPDK nothing.
     destroying: Rc<Cell<bool>>,
@@ -51,6 +53,37 @@ fn verify_buffers() -> bool {
     *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_VERIFY_BUFFERS").is_some_and(|v| v == "1"))
 }
 
+/// The backlog-pool limit of every CQ the provider manages when the process has no
+/// `SQDISC_SPDK_BACKLOG_LIMIT` (see [`backlog_limit`]).
+pub(crate) const DEFAULT_BACKLOG_LIMIT: u32 = 16;
+
+/// The most WRs the qpairs of one CQ may park at once, all together (`sqd_cq_set_backlog_limit`): without a
+/// limit a CQ's backlog pool keeps room for every qpair's whole backlog, about 100 KB for a qpair of SPDK's
+/// shape (max_send_wr 256, 16 SGEs), while under SPDK, which admits no more WRs than max_send_wr, WRs park
+/// rarely. `SQDISC_SPDK_BACKLOG_LIMIT` in the environment when the process makes its first qpair changes it: a
+/// number of WRs, or 0 for no limit (each qpair's backlog then has room for max_send_wr WRs of its own); a
+/// value that is not a number up to 1048576 is logged and the default kept. A flush that would park a WR past
+/// the limit gets what a full SQ gives raw verbs: ENOMEM, `*bad_wr` at the first WR not taken.
+fn backlog_limit() -> u32 {
+    static LIMIT: OnceLock<u32> = OnceLock::new();
+    *LIMIT.get_or_init(|| match std::env::var("SQDISC_SPDK_BACKLOG_LIMIT") {
+        Err(std::env::VarError::NotPresent) => DEFAULT_BACKLOG_LIMIT,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n <= 1 << 20 => n,
+            _ => {
+                log_error(&format!(
+                    "SQDISC_SPDK_BACKLOG_LIMIT={v:?} is not a number of WRs up to 1048576; using {DEFAULT_BACKLOG_LIMIT}"
+                ));
+                DEFAULT_BACKLOG_LIMIT
+            }
+        },
+        Err(_) => {
+            log_error(&format!("SQDISC_SPDK_BACKLOG_LIMIT is not valid Unicode; using {DEFAULT_BACKLOG_LIMIT}"));
+            DEFAULT_BACKLOG_LIMIT
+        }
+    })
+}
+
 /// Finds the domain the new qpair's CQs and SRQ live in, or a new one; `None` if they are in different ones.
 fn pick_domain(send_cq: *mut ibv_cq, recv_cq: *mut ibv_cq, srq: Option<&Arc<Domain>>) -> Option<Arc<Domain>> {
     let mut found: Vec<Arc<Domain>> = [interpose::domain_of(send_cq), interpose::domain_of(recv_cq), srq.cloned()]
@@ -73,12 +106,27 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
         let _ = m.sqd.update_capacity();
         return Ok(());
     }
-    // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs.
-    let originals = unsafe { interpose::install((*cq).context) }?;
+    // SAFETY: `cq` is a live CQ SPDK made on a live context, which outlives its qpairs (and so the CQ's
+    // management, which ends with its last qpair).
+    let (originals, gate) = unsafe { interpose::manage(cq, domain) }?;
     // SAFETY: as above; the originals are the provider's own ops for this CQ's context.
-    let handle = unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) }.map_err(|e| e.message().to_owned())?;
-    state.cqs.push(ManagedCq { cq, sqd: sqdisc::Cq::new(handle), pending: Pending::default() });
-    interpose::manage(cq, domain);
+    let handle = match unsafe { CqHandle::from_raw_with_ops(cq, originals.poll, originals.notify) } {
+        Ok(h) => h,
+        Err(e) => {
+            interpose::unmanage(cq);
+            return Err(e.message().to_owned());
+        }
+    };
+    let sqd = sqdisc::Cq::new(handle);
+    let limit = backlog_limit();
+    if limit != 0 {
+        if let Err(e) = sqd.set_backlog_limit(limit) {
+            drop(sqd);
+            interpose::unmanage(cq);
+            return Err(e.message().to_owned());
+        }
+    }
+    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate });
     Ok(())
 }
 
@@ -304,7 +352,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
                  signaled are still handed to SPDK (not logged again for this qpair): {what}"
             ))
         }));
-        Ok(QpState { queue, qp_num, pending, destroying })
+        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying })
     })();
     match result {
         Ok(state) => Ok(Guarded::new(domain.clone(), state)),
@@ -442,10 +490,11 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             return 0;
         };
         let Some(state) = &s.state else { return libc::EINVAL };
-        let result = state.with(|q, _| {
+        let result = state.with(|q, st| {
             // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
             let chain = unsafe { SendChain::from_raw(first) };
-            match q.queue.post_send(chain) {
+            let posted = q.queue.post_send(chain);
+            let result = match posted {
                 Ok(()) => Ok(()),
                 Err(e) if e.error.errno() == libc::EIO && q.queue.stats().failed_status != 0 => {
                     // The QP failed: raw verbs would take these WRs and flush each with its own completion.
@@ -465,8 +514,17 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                         Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
                     }
                 }
+                // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
+                // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
+                Err(e) if e.error.errno() == libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
                 Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
+            };
+            // The post may have left an idle tail to watch, or owed SPDK completions: the send CQ's next empty
+            // poll must then go through sqdisc.
+            if let Some(m) = st.try_borrow().ok().as_ref().and_then(|st| st.cq(q.send_cq)) {
+                m.update_gate();
             }
+            result
         });
         // SAFETY: checked non-NULL above.
         unsafe { wr_list::finish(bad_wr, result) }
