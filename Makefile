@@ -79,13 +79,13 @@ CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 SIMDEV_BIN := sqdisc-sim
 SIMDEV_PRELOAD := libsqdisc_sim_preload.so
 
-.PHONY: all help deps deps-build simdev simdev-cargo-release sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
 	@echo 'make check      everything CI runs: deps, cargo test (bounded fault campaign), miri, tsan, header/ABI'
-	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
+	@echo '                checks, unmodified programs on the device daemon (sim-matrix), C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
 	@echo '                install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make sim-lib    build libsqdisc_sim (the software HCA'"'"'s C library, docs/sim.md) and sqdisc_sim.pc'
@@ -428,6 +428,11 @@ check-installed-symbols:
 	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
 		$(STAGE)$(STAGE_LIBDIR)/$(SIM_SO) $(STAGE)$(STAGE_LIBDIR)/$(SIM_A) $(STAGE)$(STAGE_PREFIX)/include
 
+# Unmodified verbs programs (ibv_*_pingpong, perftest) on the device daemon, run from the staged install:
+# plain, under request and ACK loss, and under libsqdisc_check (scripts/sim-matrix.sh). Under a minute.
+sim-matrix:
+	bash scripts/sim-matrix.sh $(STAGE)$(STAGE_PREFIX)
+
 c-tests: scripted-lib
 	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR) $(CURDIR)/$(SCRIPTED_LIBDIR)
 
@@ -453,6 +458,7 @@ check:
 	$(MAKE) --no-print-directory check-check-symbols
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
+	$(MAKE) --no-print-directory sim-matrix
 	$(MAKE) --no-print-directory c-tests
 	$(MAKE) --no-print-directory check-spdk-dropin
 	$(MAKE) --no-print-directory check-checker
