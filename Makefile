@@ -79,7 +79,7 @@ CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 SIMDEV_BIN := sqdisc-sim
 SIMDEV_PRELOAD := libsqdisc_sim_preload.so
 
-.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-device-tests sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -95,6 +95,8 @@ help:
 	@echo '                (unmodified verbs programs on the software HCA, docs/sim.md); part of make'
 	@echo 'make sim-matrix unmodified ibv_*_pingpong and perftest binaries on the device, plain, under loss and under'
 	@echo '                the checker (scripts/sim-matrix.sh; after make stage), run by make check'
+	@echo 'make sim-device-tests  the device daemon'"'"'s faults: a client killed mid-transfer, the daemon killed, a second'
+	@echo '                daemon, another user, a reused SEND source (scripts/sim-device-tests.sh; after make stage), in check'
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
@@ -433,6 +435,11 @@ check-installed-symbols:
 sim-matrix:
 	bash scripts/sim-matrix.sh $(STAGE)$(STAGE_PREFIX)
 
+# The device daemon's faults with the C programs of c-tests/sim_device/ (scripts/sim-device-tests.sh); malformed
+# messages are simdev/daemon/tests/faults.rs, in make test.
+sim-device-tests:
+	CC='$(CC)' bash scripts/sim-device-tests.sh $(STAGE)$(STAGE_PREFIX)
+
 c-tests: scripted-lib
 	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR) $(CURDIR)/$(SCRIPTED_LIBDIR)
 
@@ -459,6 +466,7 @@ check:
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory sim-matrix
+	$(MAKE) --no-print-directory sim-device-tests
 	$(MAKE) --no-print-directory c-tests
 	$(MAKE) --no-print-directory check-spdk-dropin
 	$(MAKE) --no-print-directory check-checker
