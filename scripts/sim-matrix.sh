@@ -201,6 +201,8 @@ pair() {
     local dir=$work/$mode/$name
     mkdir -p "$dir"
     port=$((port + 1))
+    # A port some other program listens on (a concurrent run elsewhere) is skipped.
+    while ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; do port=$((port + 1)); done
     local env
     env=$(run_env "$dir")
     # shellcheck disable=SC2086
