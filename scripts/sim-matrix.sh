@@ -39,7 +39,7 @@ sim=$build/bin/sqdisc-sim
 preload=$build/lib/libsqdisc_sim_preload.so
 checker=$build/lib/libsqdisc_check.so
 for f in "$sim" "$preload"; do
-    [ -e "$f" ] || { echo "sim-matrix: $f is missing (make simdev)" >&2; exit 2; }
+    [ -e "$f" ] || { echo "sim-matrix: $f is missing (make stage; or give build/ after make simdev)" >&2; exit 2; }
 done
 for m in "${modes[@]}"; do
     case $m in

@@ -1,8 +1,8 @@
 /* A program that breaks the stable-resources rule across two processes: it reuses a SEND's source buffer
  * before the SEND's completion.
  *
- *   reuse_source receiver DIR   posts receives and takes 20 messages
- *   reuse_source sender DIR     posts 20 signaled SENDs, one at a time, each from the same 4 KiB buffer; after
+ *   reuse_source receiver DIR   posts receives and takes 100 messages
+ *   reuse_source sender DIR     posts 100 signaled SENDs, one at a time, each from the same 4 KiB buffer; after
  *                               each post it polls once (the device transmits the WQE) and then overwrites the
  *                               buffer for the next message, before the completion. Under loss a WQE is
  *                               retransmitted from the changed bytes: the daemon logs "source modified while
@@ -11,7 +11,7 @@
  */
 #include "common.h"
 
-enum { MSG = 4096, COUNT = 20 };
+enum { MSG = 4096, COUNT = 100 };
 
 int main(int argc, char **argv)
 {
