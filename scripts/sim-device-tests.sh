@@ -149,6 +149,16 @@ if start_daemon "$s"; then
         show "$t/out"
         fail "killed-daemon: the client did not get ready"
     fi
+    # The dead daemon left its socket file behind: the next `run` starts a new daemon there.
+    rc=0
+    SQDISC_SIM_SOCKET=$s timeout 20 "$sim" run -- ibv_devinfo > "$t/devinfo" 2>&1 || rc=$?
+    if [ $rc -eq 0 ] && grep -q 'hca_id:[[:space:]]*sqd_sim0' "$t/devinfo" && [ "$(daemon_pid "$s")" != "$pid" ]; then
+        pass "killed-daemon: the next sqdisc-sim run started a new daemon (pid $(daemon_pid "$s")) on the dead one's socket"
+    else
+        show "$t/devinfo" "$s.log"
+        fail "killed-daemon: no new daemon on the dead one's socket (run exited $rc)"
+    fi
+    simctl "$s" stop > /dev/null 2>&1
 else
     fail "killed-daemon: no daemon"
 fi
