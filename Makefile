@@ -15,6 +15,7 @@ LD_R ?= ld
 AR := ar
 
 PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
@@ -51,7 +52,7 @@ SCRIPTED_LIBDIR := $(BUILD)/test/lib
 STAGE := $(CURDIR)/$(BUILD)/stage
 STAGE_PREFIX := /usr
 STAGE_LIBDIR := $(STAGE_PREFIX)/lib
-STAGE_VARS := DESTDIR=$(STAGE) PREFIX=$(STAGE_PREFIX) LIBDIR=$(STAGE_LIBDIR) \
+STAGE_VARS := DESTDIR=$(STAGE) PREFIX=$(STAGE_PREFIX) BINDIR=$(STAGE_PREFIX)/bin LIBDIR=$(STAGE_LIBDIR) \
 	INCLUDEDIR=$(STAGE_PREFIX)/include PKGCONFIGDIR=$(STAGE_LIBDIR)/pkgconfig
 STAGE_PKG_CONFIG := PKG_CONFIG_SYSROOT_DIR=$(STAGE) PKG_CONFIG_PATH=$(STAGE)$(STAGE_LIBDIR)/pkgconfig \
 	PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 pkg-config
@@ -72,18 +73,30 @@ CHECK_SO := libsqdisc_check.so
 CHECK_SONAME := $(CHECK_SO).$(CHECK_MAJOR)
 CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 
-.PHONY: all help deps deps-build sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
+# The device daemon and its preload library (simdev/, docs/sim.md "Running unmodified programs"): a program
+# and a library that is only ever preloaded, so no soname, no archive, no .pc file. `sqdisc-sim run` finds the
+# preload beside itself or in ../lib, so the build tree has the install tree's shape: bin/ and lib/.
+SIMDEV_BIN := sqdisc-sim
+SIMDEV_PRELOAD := libsqdisc_sim_preload.so
+
+.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-device-tests sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
 	@echo 'make            build the release libraries and sqdisc.pc into $(BUILD)/'
 	@echo 'make check      everything CI runs: deps, cargo test (bounded fault campaign), miri, tsan, header/ABI'
-	@echo '                checks, C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
+	@echo '                checks, unmodified programs on the device daemon (sim-matrix), C tests (ASan+UBSan, valgrind), SPDK drop-in, the checker'"'"'s tests, fuzz-smoke, bench-guard,'
 	@echo '                install round trip'
 	@echo 'make demo       build examples/demo.c against a staged install and run it'
 	@echo 'make sim-lib    build libsqdisc_sim (the software HCA'"'"'s C library, docs/sim.md) and sqdisc_sim.pc'
 	@echo 'make spdk-shim  build libsqdisc_spdk (the SPDK RDMA provider, docs/spdk.md) and sqdisc_spdk.pc'
 	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'
+	@echo 'make simdev     build $(BUILD)/bin/sqdisc-sim (the device daemon) and $(BUILD)/lib/libsqdisc_sim_preload.so'
+	@echo '                (unmodified verbs programs on the software HCA, docs/sim.md); part of make'
+	@echo 'make sim-matrix unmodified ibv_*_pingpong and perftest binaries on the device, plain, under loss and under'
+	@echo '                the checker (scripts/sim-matrix.sh; after make stage), run by make check'
+	@echo 'make sim-device-tests  the device daemon'"'"'s faults: a client killed mid-transfer, the daemon killed, a second'
+	@echo '                daemon, another user, a reused SEND source (scripts/sim-device-tests.sh; after make stage), in check'
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
@@ -94,12 +107,12 @@ help:
 	@echo 'make miri       the unsafe-code tests under Miri (nightly; scripts/miri.sh), run by make check'
 	@echo 'make tsan       the thread-safe mode under ThreadSanitizer (nightly; scripts/tsan.sh), run by make check'
 	@echo 'make header     regenerate include/*.h from the Rust sources (commit the result)'
-	@echo 'make install    PREFIX=$(PREFIX) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
+	@echo 'make install    PREFIX=$(PREFIX) BINDIR=$(BINDIR) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR) PKGCONFIGDIR=$(PKGCONFIGDIR) DESTDIR='
 	@echo 'make uninstall  remove what install put there (same variables)'
 	@echo 'make deps       install what the build and every check need (Debian packages as root, nightly tools)'
 	@echo 'make clean      remove $(BUILD)/ and cargo'"'"'s target directory'
 
-all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc sim-lib scripted-lib spdk-shim check-lib
+all: $(BUILD)/lib/$(LIB_REAL) $(BUILD)/lib/$(LIB_A) $(BUILD)/sqdisc.pc sim-lib scripted-lib spdk-shim check-lib simdev
 
 deps:
 	bash scripts/install-deps.sh check
@@ -284,6 +297,22 @@ $(BUILD)/sqdisc_spdk.pc: pkgconfig/sqdisc_spdk.pc.in spdk-cargo-release
 check-spdk-symbols: spdk-shim
 	bash scripts/check-spdk-symbols.sh $(BUILD)/lib/$(SPDK_REAL) $(BUILD)/lib/$(SPDK_A) $(SPDK_SONAME)
 
+# ---- the device daemon and its preload library ---------------------------------------------------------------
+
+simdev: $(BUILD)/bin/$(SIMDEV_BIN) $(BUILD)/lib/$(SIMDEV_PRELOAD)
+
+# One cargo invocation for both (they share the proto crate); cargo decides whether anything is rebuilt.
+simdev-cargo-release:
+	$(CARGO) build --release -p sqdisc-sim-daemon -p sqdisc-sim-preload
+
+$(BUILD)/bin/$(SIMDEV_BIN): simdev-cargo-release
+	@mkdir -p $(@D)
+	cp -f $(RELEASE_DIR)/$(SIMDEV_BIN) $@
+
+$(BUILD)/lib/$(SIMDEV_PRELOAD): simdev-cargo-release
+	@mkdir -p $(@D)
+	cp -f $(RELEASE_DIR)/$(SIMDEV_PRELOAD) $@
+
 # ---- libsqdisc_check ------------------------------------------------------------------------------------
 
 # As libsqdisc_spdk: the crate's staticlib merged into one object whose only global symbols are the interposed
@@ -354,6 +383,9 @@ install: all
 	ln -sfn $(CHECK_SONAME) $(DESTDIR)$(LIBDIR)/$(CHECK_SO)
 	install -m 0644 check/include/sqdisc_check.h $(DESTDIR)$(INCLUDEDIR)/
 	install -m 0644 $(BUILD)/sqdisc_check.pc $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_check.pc
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 0755 $(BUILD)/bin/$(SIMDEV_BIN) $(DESTDIR)$(BINDIR)/$(SIMDEV_BIN)
+	install -m 0755 $(BUILD)/lib/$(SIMDEV_PRELOAD) $(DESTDIR)$(LIBDIR)/$(SIMDEV_PRELOAD)
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(LIB_REAL) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
@@ -366,6 +398,7 @@ uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/$(SPDK_A) $(DESTDIR)$(INCLUDEDIR)/sqdisc_spdk.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_spdk.pc
 	rm -f $(DESTDIR)$(LIBDIR)/$(CHECK_REAL) $(DESTDIR)$(LIBDIR)/$(CHECK_SONAME) $(DESTDIR)$(LIBDIR)/$(CHECK_SO)
 	rm -f $(DESTDIR)$(INCLUDEDIR)/sqdisc_check.h $(DESTDIR)$(PKGCONFIGDIR)/sqdisc_check.pc
+	rm -f $(DESTDIR)$(BINDIR)/$(SIMDEV_BIN) $(DESTDIR)$(LIBDIR)/$(SIMDEV_PRELOAD)
 
 # ---- headers ---------------------------------------------------------------------------------------------
 
@@ -397,6 +430,16 @@ check-installed-symbols:
 	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
 		$(STAGE)$(STAGE_LIBDIR)/$(SIM_SO) $(STAGE)$(STAGE_LIBDIR)/$(SIM_A) $(STAGE)$(STAGE_PREFIX)/include
 
+# Unmodified verbs programs (ibv_*_pingpong, perftest) on the device daemon, run from the staged install:
+# plain, under request and ACK loss, and under libsqdisc_check (scripts/sim-matrix.sh). Under a minute.
+sim-matrix:
+	bash scripts/sim-matrix.sh $(STAGE)$(STAGE_PREFIX)
+
+# The device daemon's faults with the C programs of c-tests/sim_device/ (scripts/sim-device-tests.sh); malformed
+# messages are simdev/daemon/tests/faults.rs, in make test.
+sim-device-tests:
+	CC='$(CC)' bash scripts/sim-device-tests.sh $(STAGE)$(STAGE_PREFIX)
+
 c-tests: scripted-lib
 	CC='$(CC)' bash scripts/c-tests.sh $(STAGE) $(STAGE_LIBDIR) $(CURDIR)/$(SCRIPTED_LIBDIR)
 
@@ -422,6 +465,8 @@ check:
 	$(MAKE) --no-print-directory check-check-symbols
 	$(MAKE) --no-print-directory stage
 	$(MAKE) --no-print-directory check-installed-symbols
+	$(MAKE) --no-print-directory sim-matrix
+	$(MAKE) --no-print-directory sim-device-tests
 	$(MAKE) --no-print-directory c-tests
 	$(MAKE) --no-print-directory check-spdk-dropin
 	$(MAKE) --no-print-directory check-checker

@@ -54,6 +54,8 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
         "$libdir/libsqdisc_check.so"
         "$includedir/sqdisc_check.h"
         "$pcdir/sqdisc_check.pc"
+        "$prefix/bin/sqdisc-sim"
+        "$libdir/libsqdisc_sim_preload.so"
     )
     for h in include/*.h; do expected+=("$includedir/$(basename "$h")"); done
     printf '%s\n' "${expected[@]}" | sort > "$work/$label.expected"
@@ -126,6 +128,18 @@ round_trip() { # label prefix libdir includedir pkgconfigdir [extra make variabl
     else
         sed 's/^/    | /' "$dest$pcdir/sqdisc_check.pc"
         fail "install ($label): sqdisc_check.pc is wrong"
+    fi
+
+    # `sqdisc-sim run` finds its preload library in ../lib: in the default layout that is where it is installed.
+    if [ "$libdir" = "$prefix/lib" ]; then
+        if env -u LD_PRELOAD SQDISC_SIM_PRELOAD= SQDISC_SIM_SOCKET=$work/$label.socket "$dest$prefix/bin/sqdisc-sim" run -- sh -c 'echo "$LD_PRELOAD"' \
+            > "$work/$label.run" 2>&1 && grep -qx "$(cd "$dest$libdir" && pwd -P)/libsqdisc_sim_preload.so" "$work/$label.run"; then
+            pass "install ($label): sqdisc-sim run preloads $libdir/libsqdisc_sim_preload.so"
+        else
+            sed 's/^/    | /' "$work/$label.run"
+            fail "install ($label): sqdisc-sim run does not find the installed preload library"
+        fi
+        SQDISC_SIM_SOCKET=$work/$label.socket "$dest$prefix/bin/sqdisc-sim" stop > /dev/null 2>&1 || true
     fi
 
     if ! $make_cmd --no-print-directory -s uninstall DESTDIR="$dest" "$@" > "$work/$label.log" 2>&1; then

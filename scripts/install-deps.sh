@@ -26,6 +26,8 @@ if [ "$profile" = check ]; then
     packages+=(
         valgrind # C tests under valgrind, callgrind for the benchmark guard
         g++      # the C++ header check
+        # unmodified verbs programs that make sim-matrix runs on the device daemon (scripts/sim-matrix.sh)
+        ibverbs-utils rdmacm-utils perftest qperf
     )
 fi
 

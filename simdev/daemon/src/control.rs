@@ -130,7 +130,12 @@ impl Connection {
 }
 
 fn connect(socket: &Path) -> Result<Connection> {
-    Connection::open(socket).map_err(|e| format!("no daemon on {}: {e} (start one with `sqdisc-sim start`)", socket.display()))
+    Connection::open(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            format!("no daemon on {}: {e} (start one with `sqdisc-sim start`)", socket.display())
+        }
+        _ => format!("cannot use the daemon on {}: {e}", socket.display()),
+    })
 }
 
 /// Starts the daemon in the background unless one runs; returns its pid.
@@ -261,8 +266,15 @@ fn preload_path() -> Result<PathBuf> {
 /// Runs `program` with the preload library, starting a daemon first if none answers.
 pub fn run(socket: &Path, settings: Settings, program: &[String]) -> Result<ExitCode> {
     let preload = preload_path()?;
-    if Connection::open(socket).is_err() {
-        spawn(socket, settings)?;
+    match Connection::open(socket) {
+        Ok(_) => {}
+        // No daemon: no socket file, or one that nobody listens on (a daemon that died).
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            spawn(socket, settings)?;
+        }
+        // A daemon that refuses this program (another user's), or a socket this user may not reach: starting
+        // another daemon there would fail too, with a less useful message.
+        Err(e) => return Err(format!("cannot use the daemon on {}: {e}", socket.display())),
     }
     // Last in LD_PRELOAD: a library preloaded before it that interposes verbs calls (the checker,
     // libsqdisc_check.so) finds the device's functions as the next definition.

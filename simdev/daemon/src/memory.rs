@@ -63,6 +63,14 @@ impl Memory for RegionMemory {
             let remote = libc::iovec { iov_base: at.wrapping_add(done as u64) as *mut libc::c_void, iov_len: data.len() - done };
             // SAFETY: `local` covers the rest of `data`, only read; `remote` is checked by the kernel as above.
             let n = unsafe { libc::process_vm_writev(self.process.pid, &local, 1, &remote, 1, 0) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                // The process is dying: the kernel has taken its memory away, but its socket is not closed yet,
+                // so the daemon has not destroyed its QPs. A real HCA writes into the pinned pages of a dying
+                // process until the kernel destroys its QPs (QPs go before MRs): the write succeeds, and its
+                // bytes go with the process. Failing it here made the peer's SEND complete with
+                // IBV_WC_REM_OP_ERR instead of, a moment later, RETRY_EXC_ERR as towards any dead peer.
+                return true;
+            }
             if n <= 0 {
                 return false;
             }

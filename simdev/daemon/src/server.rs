@@ -39,7 +39,13 @@ enum Target {
     Client,
     /// A completion channel of the model (its eventfd), owned by client `.0`.
     Channel(u64, *mut ibv_comp_channel),
+    /// A connection refused (another user's), kept until it has sent its first message or hung up.
+    Refused,
 }
+
+/// Refused connections kept open at most at once (each is closed at its first message); beyond that a refused
+/// connection is closed at once, without its reason.
+const MAX_REFUSED: usize = 64;
 
 pub struct Server {
     pub(crate) dev: Pin<Box<SimDevice>>,
@@ -48,6 +54,8 @@ pub struct Server {
     epoll: Epoll,
     listener: OwnedFd,
     clients: HashMap<u64, Client>,
+    /// Refused connections, by token (see `Target::Refused`).
+    refused: HashMap<u64, OwnedFd>,
     targets: HashMap<u64, Target>,
     next_token: u64,
     /// Who owns each CQ, QP and SRQ of the model (by address), for routing its events.
@@ -78,6 +86,7 @@ impl Server {
             epoll,
             listener,
             clients: HashMap::new(),
+            refused: HashMap::new(),
             targets: HashMap::new(),
             next_token: FIRST_TOKEN,
             owners: HashMap::new(),
@@ -122,6 +131,7 @@ impl Server {
                     MODEL_ASYNC => {}
                     t => match self.targets.get(&t) {
                         Some(Target::Client) => self.serve(t),
+                        Some(Target::Refused) => self.close_refused(t),
                         Some(Target::Channel(..)) | None => {}
                     },
                 }
@@ -167,6 +177,16 @@ impl Server {
             let reply = Reply::error(libc::EACCES, format!("this daemon belongs to uid {}; uid {uid} may not use it", self.uid));
             let _ = send_message(sock.as_raw_fd(), &encode(&reply), None);
             eprintln!("sqdisc-sim: refused pid {pid}: it runs as uid {uid}, the daemon as uid {}", self.uid);
+            // Closed only once the client's first message (its hello) has been read: a unix socket closed with
+            // a message unread makes the peer's next receive fail with ECONNRESET, before it could read the
+            // reason queued for it.
+            if self.refused.len() < MAX_REFUSED {
+                let token = self.token();
+                if self.epoll.add(sock.as_raw_fd(), token).is_ok() {
+                    self.targets.insert(token, Target::Refused);
+                    self.refused.insert(token, sock);
+                }
+            }
             return;
         }
         let token = self.token();
@@ -176,6 +196,16 @@ impl Server {
         }
         self.targets.insert(token, Target::Client);
         self.clients.insert(token, Client::new(sock, pid));
+    }
+
+    /// A refused connection has sent something or hung up: read what it sent, then close it.
+    fn close_refused(&mut self, token: u64) {
+        let Some(sock) = self.refused.remove(&token) else { return };
+        let mut buf = std::mem::take(&mut self.buf);
+        while let Ok(Some(_)) = recv_message(sock.as_raw_fd(), &mut buf) {}
+        self.buf = buf;
+        self.epoll.remove(sock.as_raw_fd());
+        self.targets.remove(&token);
     }
 
     /// Answers every request waiting on a client's socket.
@@ -304,7 +334,7 @@ impl Server {
             .values()
             .filter_map(|t| match t {
                 Target::Channel(c, ch) => Some((*c, *ch)),
-                Target::Client => None,
+                Target::Client | Target::Refused => None,
             })
             .collect();
         for (client, ch) in channels {
