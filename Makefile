@@ -79,7 +79,7 @@ CHECK_REAL := $(CHECK_SO).$(CHECK_VERSION)
 SIMDEV_BIN := sqdisc-sim
 SIMDEV_PRELOAD := libsqdisc_sim_preload.so
 
-.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-device-tests sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
+.PHONY: all help deps deps-build simdev simdev-cargo-release sim-matrix sim-device-tests bench-sim sim-lib sim-cargo-release scripted-lib check-sim-symbols spdk-shim spdk-cargo-release check-spdk-symbols check-lib check-cargo-release check-check-symbols check-checker check-spdk-dropin test header check-headers check-rlib-symbols check-symbols check-installed-symbols stage c-tests \
 	check-install check demo install uninstall clean cargo-release
 
 help:
@@ -93,14 +93,18 @@ help:
 	@echo 'make check-lib  build libsqdisc_check (the discipline checker, docs/check.md) and sqdisc_check.pc'
 	@echo 'make simdev     build $(BUILD)/bin/sqdisc-sim (the device daemon) and $(BUILD)/lib/libsqdisc_sim_preload.so'
 	@echo '                (unmodified verbs programs on the software HCA, docs/sim.md); part of make'
-	@echo 'make sim-matrix unmodified ibv_*_pingpong and perftest binaries on the device, plain, under loss and under'
-	@echo '                the checker (scripts/sim-matrix.sh; after make stage), run by make check'
+	@echo 'make sim-matrix unmodified ibv_*_pingpong, perftest, rping, ucmatose, rdma_server/client and qperf binaries'
+	@echo '                on the device, plain, under loss and under the checker (scripts/sim-matrix.sh; after'
+	@echo '                make stage), run by make check'
 	@echo 'make sim-device-tests  the device daemon'"'"'s faults: a client killed mid-transfer, the daemon killed, a second'
 	@echo '                daemon, another user, a reused SEND source (scripts/sim-device-tests.sh; after make stage), in check'
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
+	@echo '                then make bench-sim'
+	@echo 'make bench-sim  64-byte SENDs between two processes through the device daemon, against the in-process sim'
+	@echo '                (wall clock, docs/perf/sim-device.txt)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
 	@echo 'make fuzz       fuzz the C API for FUZZ_SECONDS (default 600) with cargo-fuzz and ASan; fuzz-smoke: ~30 s, in check'
@@ -430,8 +434,9 @@ check-installed-symbols:
 	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
 		$(STAGE)$(STAGE_LIBDIR)/$(SIM_SO) $(STAGE)$(STAGE_LIBDIR)/$(SIM_A) $(STAGE)$(STAGE_PREFIX)/include
 
-# Unmodified verbs programs (ibv_*_pingpong, perftest) on the device daemon, run from the staged install:
-# plain, under request and ACK loss, and under libsqdisc_check (scripts/sim-matrix.sh). Under a minute.
+# Unmodified verbs programs (ibv_*_pingpong, perftest, and through librdmacm rping, ucmatose, rdma_server and
+# rdma_client, perftest -R, qperf) on the device daemon, run from the staged install: plain, under request and
+# ACK loss, and under libsqdisc_check (scripts/sim-matrix.sh). About five minutes.
 sim-matrix:
 	bash scripts/sim-matrix.sh $(STAGE)$(STAGE_PREFIX)
 
@@ -536,6 +541,12 @@ bench-stage:
 bench:
 	$(MAKE) --no-print-directory bench-stage
 	CC='$(CC)' CARGO='$(CARGO)' bash scripts/bench.sh $(BENCH_STAGE) $(STAGE_LIBDIR)
+	$(MAKE) --no-print-directory bench-sim
+
+# 64-byte SENDs between two processes through the device daemon (perftest), against the in-process sim:
+# wall-clock medians, written to docs/perf/sim-device.txt (scripts/bench-sim.sh). About a minute.
+bench-sim:
+	CARGO='$(CARGO)' bash scripts/bench-sim.sh
 
 # Cheap, untimed regression guard: no allocation per WR, instruction ratios against hand-moderated raw verbs
 # (on the null provider: today's ratios with 15% margin, limits at the top of scripts/bench-guard.sh).
