@@ -87,6 +87,7 @@ help:
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
+	@echo 'make e2e-spdk   SPDK_SRC=<SPDK release tree, its DPDK in dpdk/>: real SPDK over the sim device (docs/spdk.md); not in check'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
 	@echo 'make soak       the target-scale tests scaled up (SQDISC_SOAK=1), then a long fault campaign'
@@ -521,3 +522,10 @@ fuzz-smoke:
 
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh long
+
+# Real SPDK end to end over the sim device (scripts/spdk-e2e.sh; docs/spdk.md): builds the SPDK tree of SPDK_SRC
+# into build/e2e/ (or uses SPDK_BUILD), then runs its target and host with SPDK's provider and with
+# libsqdisc_spdk. Needs an SPDK tree and minutes; not part of check.
+.PHONY: e2e-spdk
+e2e-spdk:
+	bash scripts/spdk-e2e.sh
