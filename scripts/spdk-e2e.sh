@@ -163,6 +163,14 @@ host() { # mode log program args...: runs an SPDK host program of mode; prints i
 	echo "$rc"
 }
 
+bdevperf_json() {
+	cat > "$RUN/bdevperf.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller",
+  "params": {"name": "Nvme0", "trtype": "RDMA", "adrfam": "IPv4", "traddr": "127.0.0.1",
+             "trsvcid": "4420", "subnqn": "$NQN"}}]}]}
+EOF
+}
+
 want() { [[ -z $ONLY ]] || [[ $1 =~ $ONLY ]]; }
 
 for mode in $MODES; do
@@ -173,6 +181,7 @@ for mode in $MODES; do
 		want "identify" && runs+=("identify")
 		for o in 4 128; do want "perf randrw ${o}k" && runs+=("perf randrw ${o}k"); done
 		for o in $SIZES; do for q in $QDS; do want "verify ${o}k qd$q" && runs+=("verify ${o}k qd$q"); done; done
+		want "host killed" && runs+=("host killed")
 		for name in "${runs[@]}"; do
 			log=$RUN/$tag-${name// /-}.log
 			tstats_before=$(grep -c 'sqdisc_spdk stats:' "$TLOG" || true)
@@ -185,13 +194,22 @@ for mode in $MODES; do
 				rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_perf" --no-huge -s 1024 -c 0x2 -r "$TRID subnqn:$NQN" \
 					-q 32 -o $((o * 1024)) -w randrw -M 50 -t "$TIME")
 				iops=$(awk '/^Total/ { print int($3) }' "$log"); fails=-;;
-			verify*)
-				set -- $name; o=${2%k}; q=${3#qd}
-				cat > "$RUN/bdevperf.json" <<-EOF
-				{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller",
-				  "params": {"name": "Nvme0", "trtype": "RDMA", "adrfam": "IPv4", "traddr": "127.0.0.1",
-				             "trsvcid": "4420", "subnqn": "$NQN"}}]}]}
-				EOF
+			"host killed")
+				# A host killed (SIGKILL) in the middle of a verify run: the target cleans its qpairs up and
+				# serves the next host, whose verify run (4 KiB, qd 32) is this row.
+				o=4; q=32
+				bdevperf_json
+				env LD_PRELOAD="$(preload_for "$mode")" "$SPDK/build/examples/bdevperf" --no-huge -s 1024 -m 0x2 \
+					-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t 60 > "$log.killed" 2>&1 &
+				kpid=$!   # env executes bdevperf in place: this is bdevperf
+				sleep "$TIME"
+				kill -KILL "$kpid" 2>/dev/null || true; wait "$kpid" 2>/dev/null || true
+				rm -f "$RUN/bdevperf.sock"
+				sleep 1
+				;;&
+			verify*|"host killed")
+				[[ $name == verify* ]] && { set -- $name; o=${2%k}; q=${3#qd}; }
+				bdevperf_json
 				rc=$(host "$mode" "$log" "$SPDK/build/examples/bdevperf" --no-huge -s 1024 -m 0x2 -r "$RUN/bdevperf.sock" \
 					--json "$RUN/bdevperf.json" -q "$q" -o $((o * 1024)) -w verify -t "$TIME")
 				# bdevperf redraws its progress line with carriage returns.
