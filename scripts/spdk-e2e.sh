@@ -15,6 +15,7 @@
 #   TIME=3                   seconds per perf/bdevperf run
 #   SIM_ARGS=""              settings of the sim daemon (e.g. "--loss-ppm 2000 --ack-loss-ppm 2000 --seed 7")
 #   BUILD_ONLY=1             build SPDK, run nothing
+#   E2E_DIR=build/e2e        where SPDK is built and the runs keep their logs (run/) and their sim daemon
 #   ONLY=""                  a regular expression: run only the workloads whose name matches (e.g. 'verify 8k qd32')
 #
 # Exit status: 0 when every run passed (exit 0, no verify failure, the target exits on SIGTERM), else 1.
@@ -108,7 +109,7 @@ target_start() { # mode transport
 	TLOG=$RUN/nvmf_tgt-$mode-$tr.log
 	rm -f "$RUN/tgt.sock"
 	LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 \
-		"$SPDK/build/bin/nvmf_tgt" --no-huge -s 1024 -m 0x1 -r "$RUN/tgt.sock" > "$TLOG" 2>&1 &
+		"$SPDK/build/bin/nvmf_tgt" --disable-cpumask-locks --no-huge -s 1024 -m 0x1 -r "$RUN/tgt.sock" > "$TLOG" 2>&1 &
 	TPID=$!
 	for i in $(seq 100); do
 		"${RPC[@]}" -s "$RUN/tgt.sock" -t 1 spdk_get_version >/dev/null 2>&1 && break
@@ -163,11 +164,13 @@ host() { # mode log program args...: runs an SPDK host program of mode; prints i
 	echo "$rc"
 }
 
-bdevperf_json() {
+bdevperf_json() { # [reconnect]: the host reconnects after a controller failure, for 30 s
+	local extra=""
+	[[ ${1:-} == reconnect ]] && extra=', "ctrlr_loss_timeout_sec": 30, "reconnect_delay_sec": 1'
 	cat > "$RUN/bdevperf.json" <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller",
   "params": {"name": "Nvme0", "trtype": "RDMA", "adrfam": "IPv4", "traddr": "127.0.0.1",
-             "trsvcid": "4420", "subnqn": "$NQN"}}]}]}
+             "trsvcid": "4420", "subnqn": "$NQN"$extra}}]}]}
 EOF
 }
 
@@ -182,6 +185,7 @@ for mode in $MODES; do
 		for o in 4 128; do want "perf randrw ${o}k" && runs+=("perf randrw ${o}k"); done
 		for o in $SIZES; do for q in $QDS; do want "verify ${o}k qd$q" && runs+=("verify ${o}k qd$q"); done; done
 		want "host killed" && runs+=("host killed")
+		want "qp fatal" && runs+=("qp fatal")
 		for name in "${runs[@]}"; do
 			log=$RUN/$tag-${name// /-}.log
 			tstats_before=$(grep -c 'sqdisc_spdk stats:' "$TLOG" || true)
@@ -199,7 +203,7 @@ for mode in $MODES; do
 				# serves the next host, whose verify run (4 KiB, qd 32) is this row.
 				o=4; q=32
 				bdevperf_json
-				env LD_PRELOAD="$(preload_for "$mode")" "$SPDK/build/examples/bdevperf" --no-huge -s 1024 -m 0x2 \
+				env LD_PRELOAD="$(preload_for "$mode")" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
 					-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t 60 > "$log.killed" 2>&1 &
 				kpid=$!   # env executes bdevperf in place: this is bdevperf
 				sleep "$TIME"
@@ -207,11 +211,30 @@ for mode in $MODES; do
 				rm -f "$RUN/bdevperf.sock"
 				sleep 1
 				;;&
+			"qp fatal")
+				# The host's QPs made fatal by the device in the middle of a verify run (4 KiB, qd 32): SPDK's
+				# host resets the controller and reconnects (the controller is attached with a reconnect
+				# delay), and the run must end with no failed I/O and no data error.
+				o=4; q=32
+				bdevperf_json reconnect
+				env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
+					-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t $((TIME + 6)) > "$log" 2>&1 &
+				hpid=$!   # env executes bdevperf in place
+				( sleep "$RUN_LIMIT"; kill -KILL "$hpid" 2>/dev/null ) & wdog=$!
+				sleep $((TIME / 2 + 3))
+				"$SIM" fail-qps --pid "$hpid" --max 64 > "$log.fault" 2>&1 || true
+				rc=0; wait "$hpid" || rc=$?
+				kill "$wdog" 2>/dev/null || true; wait "$wdog" 2>/dev/null || true
+				[[ $rc == 137 ]] && rc=timeout
+				grep -q 'made fatal' "$log.fault" || rc="$rc(no fault)"
+				;;&
 			verify*|"host killed")
 				[[ $name == verify* ]] && { set -- $name; o=${2%k}; q=${3#qd}; }
 				bdevperf_json
-				rc=$(host "$mode" "$log" "$SPDK/build/examples/bdevperf" --no-huge -s 1024 -m 0x2 -r "$RUN/bdevperf.sock" \
+				rc=$(host "$mode" "$log" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 -r "$RUN/bdevperf.sock" \
 					--json "$RUN/bdevperf.json" -q "$q" -o $((o * 1024)) -w verify -t "$TIME")
+				;;&
+			verify*|"host killed"|"qp fatal")
 				# bdevperf redraws its progress line with carriage returns.
 				iops=$(tr '\r' '\n' < "$log" | awk '/^ *Total *:/ { print int($3) }' | tail -1)
 				fails=$(grep -ciE 'miscompare|mismatch|Failed to verify' "$log" || true)
