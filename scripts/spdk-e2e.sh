@@ -16,6 +16,8 @@
 #   SIM_ARGS=""              settings of the sim daemon (e.g. "--loss-ppm 2000 --ack-loss-ppm 2000 --seed 7")
 #   BUILD_ONLY=1             build SPDK, run nothing
 #   E2E_DIR=build/e2e        where SPDK is built and the runs keep their logs (run/) and their sim daemon
+#   SQDISC_PREBUILT=1        do not (re)build sqdisc-sim, its preload library and libsqdisc_spdk first
+#   PAIRED=1                 each workload with each provider in turn, on a fresh target (slower; fairer IOPS)
 #   ONLY=""                  a regular expression: run only the workloads whose name matches (e.g. 'verify 8k qd32')
 #
 # Exit status: 0 when every run passed (exit 0, no verify failure, the target exits on SIGTERM), else 1.
@@ -84,7 +86,10 @@ export LD_LIBRARY_PATH="$SPDK/build/lib:$SPDK/dpdk/build/lib${LD_LIBRARY_PATH:+:
 RPC=("$SPDK/scripts/rpc.py")
 
 # --- sqdisc's pieces ----------------------------------------------------------------------------------
-( cd "$ROOT" && cargo build --release -q -p sqdisc-sim-daemon -p sqdisc-sim-preload && make -s spdk-shim ) >&2
+# (SQDISC_PREBUILT=1: use them as built; two runs at once must not rebuild them under each other.)
+if [[ ${SQDISC_PREBUILT:-0} != 1 ]]; then
+	( cd "$ROOT" && cargo build --release -q -p sqdisc-sim-daemon -p sqdisc-sim-preload && make -s spdk-shim ) >&2
+fi
 SIM=$ROOT/target/release/sqdisc-sim
 SIM_PRELOAD=$ROOT/target/release/libsqdisc_sim_preload.so
 SHIM=$ROOT/build/lib/libsqdisc_spdk.so.0
@@ -176,92 +181,112 @@ EOF
 
 want() { [[ -z $ONLY ]] || [[ $1 =~ $ONLY ]]; }
 
-for mode in $MODES; do
-	for tr in $TRANSPORTS; do
+runs=()
+want "identify" && runs+=("identify")
+for o in 4 128; do want "perf randrw ${o}k" && runs+=("perf randrw ${o}k"); done
+for o in $SIZES; do for q in $QDS; do want "verify ${o}k qd$q" && runs+=("verify ${o}k qd$q"); done; done
+want "host killed" && runs+=("host killed")
+want "qp fatal" && runs+=("qp fatal")
+
+# One workload ($name) against the running target of $mode and $tr.
+one_run() {
+	log=$RUN/$tag-${name// /-}.log
+	tstats_before=$(grep -c 'sqdisc_spdk stats:' "$TLOG" || true)
+	case $name in
+	identify)
+		rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_identify" --no-huge -s 1024 -r "$TRID subnqn:$NQN")
+		iops=-; fails=-;;
+	perf*)
+		o=${name##* }; o=${o%k}
+		rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_perf" --no-huge -s 1024 -c 0x2 -r "$TRID subnqn:$NQN" \
+			-q 32 -o $((o * 1024)) -w randrw -M 50 -t "$TIME")
+		iops=$(awk '/^Total/ { print int($3) }' "$log"); fails=-;;
+	"host killed")
+		# A host killed (SIGKILL) in the middle of a verify run: the target cleans its qpairs up and
+		# serves the next host, whose verify run (4 KiB, qd 32) is this row.
+		o=4; q=32
+		bdevperf_json
+		env LD_PRELOAD="$(preload_for "$mode")" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
+			-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t 60 > "$log.killed" 2>&1 &
+		kpid=$!   # env executes bdevperf in place: this is bdevperf
+		sleep "$TIME"
+		kill -KILL "$kpid" 2>/dev/null || true; wait "$kpid" 2>/dev/null || true
+		rm -f "$RUN/bdevperf.sock"
+		sleep 1
+		;;&
+	"qp fatal")
+		# The host's QPs made fatal by the device in the middle of a verify run (4 KiB, qd 32): SPDK's
+		# host resets the controller and reconnects (the controller is attached with a reconnect
+		# delay), and the run must end with no failed I/O and no data error.
+		o=4; q=32
+		bdevperf_json reconnect
+		env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
+			-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t $((TIME + 6)) > "$log" 2>&1 &
+		hpid=$!   # env executes bdevperf in place
+		( sleep "$RUN_LIMIT"; kill -KILL "$hpid" 2>/dev/null ) & wdog=$!
+		sleep $((TIME / 2 + 3))
+		"$SIM" fail-qps --pid "$hpid" --max 64 > "$log.fault" 2>&1 || true
+		rc=0; wait "$hpid" || rc=$?
+		kill "$wdog" 2>/dev/null || true; wait "$wdog" 2>/dev/null || true
+		[[ $rc == 137 ]] && rc=timeout
+		grep -q 'made fatal' "$log.fault" || rc="$rc(no fault)"
+		;;&
+	verify*|"host killed")
+		[[ $name == verify* ]] && { set -- $name; o=${2%k}; q=${3#qd}; }
+		bdevperf_json
+		rc=$(host "$mode" "$log" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 -r "$RUN/bdevperf.sock" \
+			--json "$RUN/bdevperf.json" -q "$q" -o $((o * 1024)) -w verify -t "$TIME")
+		;;&
+	verify*|"host killed"|"qp fatal")
+		# bdevperf redraws its progress line with carriage returns.
+		iops=$(tr '\r' '\n' < "$log" | awk '/^ *Total *:/ { print int($3) }' | tail -1)
+		fails=$(grep -ciE 'miscompare|mismatch|Failed to verify' "$log" || true)
+		fr=$(tr '\r' '\n' < "$log" | awk '/^ *Total *:/ { print $5 }' | tail -1)
+		[[ -n $fr && $fr != 0.00 ]] && fails="$fails+$fr/s";;
+	esac
+	sleep 0.5   # the target destroys the host's qpairs as it disconnects
+	ctr="host $(sqd_counters "$log"), target $(sqd_counters skip="$tstats_before" "$TLOG")"
+	[[ $mode == sqdisc ]] || ctr=-
+	row "$mode" "$tr" "$name" "${iops:--}" "$fails" "$rc" "$ctr"
+	if [[ $rc != 0 || ( $fails != - && $fails != 0 ) ]]; then
+		FAILED=1
+		# A failed run can leave the target wedged: the next runs get a fresh target and device.
+		if kill -0 "$TPID" 2>/dev/null; then
+			"${RPC[@]}" -s "$RUN/tgt.sock" -t 2 nvmf_get_stats > "$log.tgt-stats.json" 2>&1 || true
+		fi
+		target_stop; cp "$TLOG" "$log.nvmf_tgt.log"
+		row "$mode" "$tr" "(target after failure)" - - "$ST" -
 		target_start "$mode" "$tr"
-		tag=$mode-$tr
-		runs=()
-		want "identify" && runs+=("identify")
-		for o in 4 128; do want "perf randrw ${o}k" && runs+=("perf randrw ${o}k"); done
-		for o in $SIZES; do for q in $QDS; do want "verify ${o}k qd$q" && runs+=("verify ${o}k qd$q"); done; done
-		want "host killed" && runs+=("host killed")
-		want "qp fatal" && runs+=("qp fatal")
+	fi
+}
+
+if [[ ${PAIRED:-0} == 1 ]]; then
+	# Each workload with each provider in turn, each on a fresh target and device: the providers' IOPS are
+	# measured minutes apart at most, for a machine whose load changes.
+	for tr in $TRANSPORTS; do
 		for name in "${runs[@]}"; do
-			log=$RUN/$tag-${name// /-}.log
-			tstats_before=$(grep -c 'sqdisc_spdk stats:' "$TLOG" || true)
-			case $name in
-			identify)
-				rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_identify" --no-huge -s 1024 -r "$TRID subnqn:$NQN")
-				iops=-; fails=-;;
-			perf*)
-				o=${name##* }; o=${o%k}
-				rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_perf" --no-huge -s 1024 -c 0x2 -r "$TRID subnqn:$NQN" \
-					-q 32 -o $((o * 1024)) -w randrw -M 50 -t "$TIME")
-				iops=$(awk '/^Total/ { print int($3) }' "$log"); fails=-;;
-			"host killed")
-				# A host killed (SIGKILL) in the middle of a verify run: the target cleans its qpairs up and
-				# serves the next host, whose verify run (4 KiB, qd 32) is this row.
-				o=4; q=32
-				bdevperf_json
-				env LD_PRELOAD="$(preload_for "$mode")" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
-					-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t 60 > "$log.killed" 2>&1 &
-				kpid=$!   # env executes bdevperf in place: this is bdevperf
-				sleep "$TIME"
-				kill -KILL "$kpid" 2>/dev/null || true; wait "$kpid" 2>/dev/null || true
-				rm -f "$RUN/bdevperf.sock"
-				sleep 1
-				;;&
-			"qp fatal")
-				# The host's QPs made fatal by the device in the middle of a verify run (4 KiB, qd 32): SPDK's
-				# host resets the controller and reconnects (the controller is attached with a reconnect
-				# delay), and the run must end with no failed I/O and no data error.
-				o=4; q=32
-				bdevperf_json reconnect
-				env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
-					-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t $((TIME + 6)) > "$log" 2>&1 &
-				hpid=$!   # env executes bdevperf in place
-				( sleep "$RUN_LIMIT"; kill -KILL "$hpid" 2>/dev/null ) & wdog=$!
-				sleep $((TIME / 2 + 3))
-				"$SIM" fail-qps --pid "$hpid" --max 64 > "$log.fault" 2>&1 || true
-				rc=0; wait "$hpid" || rc=$?
-				kill "$wdog" 2>/dev/null || true; wait "$wdog" 2>/dev/null || true
-				[[ $rc == 137 ]] && rc=timeout
-				grep -q 'made fatal' "$log.fault" || rc="$rc(no fault)"
-				;;&
-			verify*|"host killed")
-				[[ $name == verify* ]] && { set -- $name; o=${2%k}; q=${3#qd}; }
-				bdevperf_json
-				rc=$(host "$mode" "$log" "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 -r "$RUN/bdevperf.sock" \
-					--json "$RUN/bdevperf.json" -q "$q" -o $((o * 1024)) -w verify -t "$TIME")
-				;;&
-			verify*|"host killed"|"qp fatal")
-				# bdevperf redraws its progress line with carriage returns.
-				iops=$(tr '\r' '\n' < "$log" | awk '/^ *Total *:/ { print int($3) }' | tail -1)
-				fails=$(grep -ciE 'miscompare|mismatch|Failed to verify' "$log" || true)
-				fr=$(tr '\r' '\n' < "$log" | awk '/^ *Total *:/ { print $5 }' | tail -1)
-				[[ -n $fr && $fr != 0.00 ]] && fails="$fails+$fr/s";;
-			esac
-			sleep 0.5   # the target destroys the host's qpairs as it disconnects
-			ctr="host $(sqd_counters "$log"), target $(sqd_counters skip="$tstats_before" "$TLOG")"
-			[[ $mode == sqdisc ]] || ctr=-
-			row "$mode" "$tr" "$name" "${iops:--}" "$fails" "$rc" "$ctr"
-			if [[ $rc != 0 || ( $fails != - && $fails != 0 ) ]]; then
-				FAILED=1
-				# A failed run can leave the target wedged: the next runs get a fresh target and device.
-				if kill -0 "$TPID" 2>/dev/null; then
-					"${RPC[@]}" -s "$RUN/tgt.sock" -t 2 nvmf_get_stats > "$log.tgt-stats.json" 2>&1 || true
-				fi
-				target_stop; cp "$TLOG" "$log.nvmf_tgt.log"
-				row "$mode" "$tr" "(target after failure)" - - "$ST" -
+			for mode in $MODES; do
 				target_start "$mode" "$tr"
-			fi
+				tag=$mode-$tr
+				one_run
+				target_stop
+				[[ $ST == 0 ]] || { FAILED=1; row "$mode" "$tr" "(target shutdown)" - - "$ST" -; }
+			done
 		done
-		target_stop
-		ctr=-; [[ $mode == sqdisc ]] && ctr="target $(sqd_counters "$TLOG")"
-		row "$mode" "$tr" "target shutdown" - - "$ST" "$ctr"
-		[[ $ST == 0 ]] || FAILED=1
 	done
-done
+else
+	for mode in $MODES; do
+		for tr in $TRANSPORTS; do
+			target_start "$mode" "$tr"
+			tag=$mode-$tr
+			for name in "${runs[@]}"; do one_run; done
+			target_stop
+			ctr=-; [[ $mode == sqdisc ]] && ctr="target $(sqd_counters "$TLOG")"
+			row "$mode" "$tr" "target shutdown" - - "$ST" "$ctr"
+			[[ $ST == 0 ]] || FAILED=1
+		done
+	done
+fi
 "$SIM" stop >/dev/null 2>&1 || true
 
 echo
