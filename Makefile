@@ -87,6 +87,7 @@ help:
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
+	@echo 'make simdev-tests C programs on the sim device through sqdisc-sim (c-tests/simdev)'
 	@echo 'make e2e-spdk   SPDK_SRC=<SPDK release tree, its DPDK in dpdk/>: real SPDK over the sim device (docs/spdk.md); not in check'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
 	@echo 'make bench-guard  the untimed regression guard that make check runs'
@@ -529,3 +530,8 @@ fuzz:
 .PHONY: e2e-spdk
 e2e-spdk:
 	bash scripts/spdk-e2e.sh
+
+# C programs on the sim device, through sqdisc-sim and its preload library (c-tests/simdev/*.c).
+.PHONY: simdev-tests
+simdev-tests:
+	bash scripts/simdev-tests.sh
