@@ -13,7 +13,7 @@ SIM=$ROOT/target/release/sqdisc-sim
 failed=0
 for src in c-tests/simdev/*.c; do
 	name=$(basename "$src" .c)
-	${CC:-cc} -std=c11 -Wall -Wextra -Werror -O1 "$src" -libverbs -o "$OUT/$name"
+	${CC:-cc} -std=c11 -Wall -Wextra -Werror -O1 "$src" -lrdmacm -libverbs -o "$OUT/$name"
 	"$SIM" stop >/dev/null 2>&1 || true
 	if timeout 120 "$SIM" run -- "$OUT/$name"; then echo "simdev-tests: $name passed"; else echo "simdev-tests: $name FAILED"; failed=1; fi
 done
