@@ -404,8 +404,19 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
         let state = s.state.take();
         if let Some(state) = &state {
             state.with(|q, _| {
+                let st = q.queue.stats();
                 if stats_on_destroy() {
-                    log_qp_stats(q.qp_num, &q.queue.stats());
+                    log_qp_stats(q.qp_num, &st);
+                }
+                // Completions sqdisc could match to no outstanding WR were counted and not handed to SPDK (SPDK
+                // would have matched them to a stale wr_id). SPDK cannot be told of them; its log is, once per
+                // qpair, with the counts.
+                if st.stray_cqes > 0 {
+                    crate::log_warn(&format!(
+                        "qpair of QP {:#x}: {} completion(s) matched no outstanding WR and were not handed to SPDK \
+                         ({} send CQEs reaped, {} WRs accepted)",
+                        q.qp_num, st.stray_cqes, st.send_cqes, st.accepted
+                    ));
                 }
                 q.destroying.set(true);
                 // SPDK is done with the qpair: whatever is still outstanding is released now, and completions
