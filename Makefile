@@ -101,6 +101,8 @@ help:
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
+	@echo 'make simdev-tests C programs on the sim device through sqdisc-sim (c-tests/simdev)'
+	@echo 'make e2e-spdk   SPDK_SRC=<SPDK release tree, its DPDK in dpdk/>: real SPDK over the sim device (docs/spdk.md); not in check'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
 	@echo '                then make bench-sim'
 	@echo 'make bench-sim  64-byte SENDs between two processes through the device daemon, against the in-process sim'
@@ -577,3 +579,15 @@ fuzz-smoke:
 
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh long
+
+# Real SPDK end to end over the sim device (scripts/spdk-e2e.sh; docs/spdk.md): builds the SPDK tree of SPDK_SRC
+# into build/e2e/ (or uses SPDK_BUILD), then runs its target and host with SPDK's provider and with
+# libsqdisc_spdk. Needs an SPDK tree and minutes; not part of check.
+.PHONY: e2e-spdk
+e2e-spdk:
+	bash scripts/spdk-e2e.sh
+
+# C programs on the sim device, through sqdisc-sim and its preload library (c-tests/simdev/*.c).
+.PHONY: simdev-tests
+simdev-tests:
+	bash scripts/simdev-tests.sh

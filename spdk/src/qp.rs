@@ -410,6 +410,34 @@ pub extern "C" fn spdk_rdma_provider_qp_disconnect(qp: *mut ProviderQp) -> c_int
     })
 }
 
+/// With `SQDISC_SPDK_STATS=1` in the environment (read once), each qpair's sqdisc counters are written to
+/// standard error when SPDK destroys it: one line per qpair, `sqdisc_spdk stats: key=value ...`, for end-to-end
+/// runs (scripts/spdk-e2e.sh sums them per process). Standard error rather than `spdk_log`: SPDK's tools set
+/// their own print levels (spdk_nvme_perf shows no warnings), and these lines are asked for.
+fn stats_on_destroy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_STATS").is_some_and(|v| v == "1"))
+}
+
+fn log_qp_stats(qp_num: u32, st: &sqdisc::QueueStats) {
+    eprintln!(
+        "sqdisc_spdk stats: qp={qp_num:#x} accepted={} wqes={} doorbells={} markers={} mod_signals={} backlogged={} \
+         backlog_peak={} send_cqes={} stray={} late={} refused={} failed_status={}",
+        st.accepted,
+        st.wqes,
+        st.doorbells,
+        st.markers,
+        st.signaled_by_policy,
+        st.parked,
+        st.backlog_peak,
+        st.send_cqes,
+        st.stray_cqes,
+        st.late_cqes,
+        st.refused,
+        st.failed_status
+    );
+}
+
 #[no_mangle]
 pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
     crate::boundary((), || {
@@ -424,6 +452,20 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
         let state = s.state.take();
         if let Some(state) = &state {
             state.with(|q, _| {
+                let st = q.queue.stats();
+                if stats_on_destroy() {
+                    log_qp_stats(q.qp_num, &st);
+                }
+                // Completions sqdisc could match to no outstanding WR were counted and not handed to SPDK (SPDK
+                // would have matched them to a stale wr_id). SPDK cannot be told of them; its log is, once per
+                // qpair, with the counts.
+                if st.stray_cqes > 0 {
+                    crate::log_warn(&format!(
+                        "qpair of QP {:#x}: {} completion(s) matched no outstanding WR and were not handed to SPDK \
+                         ({} send CQEs reaped, {} WRs accepted)",
+                        q.qp_num, st.stray_cqes, st.send_cqes, st.accepted
+                    ));
+                }
                 q.destroying.set(true);
                 // SPDK is done with the qpair: whatever is still outstanding is released now, and completions
                 // that still arrive for it are dropped by the CQ instead of reaching SPDK.

@@ -390,7 +390,7 @@ impl Server {
         active.param = req.clone();
         let mut ev = Self::event(CONNECT_REQUEST, 0);
         ev.listen_id = listener;
-        ev.param = req;
+        ev.param = as_received(req);
         ev.src = Some(local_passive);
         ev.dst = Some(src);
         ev.remote_qp_num = ev.param.qp_num;
@@ -435,7 +435,7 @@ impl Server {
                 a.state = State::Connected;
                 a.param = rep.clone();
                 let mut ev = Self::event(ESTABLISHED, 0);
-                ev.param = rep;
+                ev.param = as_received(rep);
                 ev.remote_qp_num = passive_qpn;
                 self.emit(active, ev);
                 let mut ev = Self::event(ESTABLISHED, 0);
@@ -448,7 +448,7 @@ impl Server {
                 a.state = State::Responded;
                 a.param = rep.clone();
                 let mut ev = Self::event(CONNECT_RESPONSE, 0);
-                ev.param = rep;
+                ev.param = as_received(rep);
                 ev.remote_qp_num = passive_qpn;
                 self.emit(active, ev);
             }
@@ -572,5 +572,30 @@ impl Server {
         for id in ids {
             self.drop_id(id);
         }
+    }
+}
+
+/// The connection parameters of a REQ or REP as the side that receives it sees them. The CM reports the remote
+/// side's values from the receiver's point of view: the sender's `initiator_depth` (RDMA READs it issues) is
+/// the receiver's `responder_resources` (READs it must serve), and the other way round, as the IB CM formats
+/// its REQ and REP events. librdmacm programs rely on it: SPDK's NVMe-oF target refuses a host whose
+/// CONNECT_REQUEST shows `initiator_depth` 0 (the host sets only `responder_resources`).
+pub(crate) fn as_received(mut p: CmParam) -> CmParam {
+    std::mem::swap(&mut p.responder_resources, &mut p.initiator_depth);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The receiver of a REQ or REP sees the sender's initiator depth as its responder resources and the other
+    /// way round (SPDK's NVMe host sets only `responder_resources`; its target requires a non-zero
+    /// `initiator_depth` in the CONNECT_REQUEST).
+    #[test]
+    fn the_receiver_sees_depth_and_resources_swapped() {
+        let sent = CmParam { responder_resources: 16, initiator_depth: 0, retry_count: 7, ..CmParam::default() };
+        let got = as_received(sent.clone());
+        assert_eq!((got.responder_resources, got.initiator_depth, got.retry_count), (0, 16, 7));
     }
 }

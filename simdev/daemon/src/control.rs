@@ -234,6 +234,18 @@ pub fn status(socket: &Path) -> Result<ExitCode> {
     }
 }
 
+/// `sqdisc-sim fail-qps --pid P [--max N]`: prints the QPs made fatal; exits 1 when there was none.
+pub fn fail_qps(socket: &Path, pid: u32, max: u32) -> Result<ExitCode> {
+    let mut c = connect(socket)?;
+    match c.ask(&Request::FailQps { pid, max }).map_err(|e| e.to_string())? {
+        Reply::Failed { qp_nums } => {
+            println!("sqdisc-sim: pid {pid}: {} QP(s) made fatal: {qp_nums:#x?}", qp_nums.len());
+            Ok(if qp_nums.is_empty() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
 pub fn report(socket: &Path) -> Result<ExitCode> {
     let mut c = connect(socket)?;
     match c.ask(&Request::Report).map_err(|e| e.to_string())? {

@@ -55,6 +55,15 @@ enum Command {
     Status,
     /// Print the violation log: which process, QP and WQE broke which rule. Exits 3 when there is any.
     Report,
+    /// Make connected QPs of a process fatal now (a fault in the middle of a run); exits 1 when it has none.
+    FailQps {
+        /// The process whose QPs fail.
+        #[arg(long)]
+        pid: u32,
+        /// At most this many, lowest QP number first.
+        #[arg(long, default_value_t = 1)]
+        max: u32,
+    },
     /// Be the daemon, in the foreground (what `start` runs).
     Daemon {
         #[command(flatten)]
@@ -100,6 +109,7 @@ fn main() -> ExitCode {
         Command::Stop => control::stop(&socket),
         Command::Status => control::status(&socket),
         Command::Report => control::report(&socket),
+        Command::FailQps { pid, max } => control::fail_qps(&socket, pid, max),
         Command::Daemon { settings } => control::daemon(&socket, settings),
     };
     match result {

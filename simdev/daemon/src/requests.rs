@@ -250,7 +250,7 @@ impl Server {
             Request::CmReject { id, private_data } => self.cm_reject(token, id, private_data),
             Request::CmEstablish { id } => self.cm_establish(token, id),
             Request::CmDisconnect { id } => self.cm_disconnect(token, id),
-            Request::Hello { .. } | Request::Status | Request::Report | Request::Shutdown => {
+            Request::Hello { .. } | Request::Status | Request::Report | Request::Shutdown | Request::FailQps { .. } => {
                 unreachable!("answered by the server loop")
             }
         }

@@ -247,6 +247,7 @@ impl Server {
                     self.note_violations();
                     (Reply::Report { violations: self.violations.clone() }, None)
                 }
+                (true, Request::FailQps { pid, max }) => (self.fail_qps(pid, max), None),
                 (true, Request::Shutdown) => {
                     self.shutdown = true;
                     (Reply::Done, None)
@@ -399,6 +400,31 @@ impl Server {
             violations: self.violations.len() as u64,
             async_refusals: self.async_refusals,
         }
+    }
+
+    /// `sqdisc-sim fail-qps`: up to `max` connected QPs of process `pid`, lowest QP number first, fail at the
+    /// current step (`SQD_SIM_FAULT_QP_FATAL`): their WQEs flush and their peers retry into
+    /// `IBV_WC_RETRY_EXC_ERR`, as when a real HCA's QP goes fatal.
+    fn fail_qps(&mut self, pid: u32, max: u32) -> Reply {
+        let mut qps: Vec<(u32, *mut rdma_sys::ibv_qp)> = Vec::new();
+        for c in self.clients.values().filter(|c| c.pid as u32 == pid) {
+            for q in c.qps.values().filter(|q| q.dest_qp_num.is_some()) {
+                // SAFETY: a live QP of the model (a client's QPs are destroyed only with their entries).
+                qps.push((unsafe { (*q.obj).qp_num }, q.obj));
+            }
+        }
+        qps.sort_by_key(|&(n, _)| n);
+        let now = self.dev.now();
+        let mut failed = Vec::new();
+        for (n, qp) in qps.into_iter().take(max as usize) {
+            let fault = sqdisc::sim::SimFault { at_step: now, ..sqdisc::sim::SimFault::new(sqdisc::sim::SQD_SIM_FAULT_QP_FATAL, qp) };
+            match self.dev.inject(&fault) {
+                Ok(()) => failed.push(n),
+                Err(e) => return Reply::error(e.errno(), format!("QP {n:#x}: {}", e.message())),
+            }
+        }
+        eprintln!("sqdisc-sim: fail-qps: pid {pid}: QP(s) {failed:x?} made fatal at step {now}");
+        Reply::Failed { qp_nums: failed }
     }
 
     /// The time of the last step, for requests that step the model (polls).

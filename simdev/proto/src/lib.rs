@@ -180,6 +180,9 @@ pub enum Request {
     Report,
     /// `sqdisc-sim stop`.
     Shutdown,
+    /// `sqdisc-sim fail-qps`: make up to `max` connected QPs of process `pid` fatal now (a QP_FATAL fault at the
+    /// current step), for fault runs of unmodified programs. Appended last: earlier variants keep their codes.
+    FailQps { pid: u32, max: u32 },
 }
 
 /// One process connected to the daemon, for `status`.
@@ -231,6 +234,8 @@ pub enum Reply {
     CmId { id: u64 },
     CmAddress { addr: CmAddr },
     Report { violations: Vec<ViolationInfo> },
+    /// The QPs `FailQps` made fatal, by number.
+    Failed { qp_nums: Vec<u32> },
 }
 
 impl Request {
