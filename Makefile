@@ -101,7 +101,7 @@ help:
 	@echo 'make bench-check  the checker'"'"'s instructions per WR on the null provider (docs/check.md)'
 	@echo 'make check-checker  the checker'"'"'s C tests and the demo comparison on the software HCA (after make stage)'
 	@echo 'make bench-spdk the SPDK provider'"'"'s instructions per WR against the verbs provider'"'"'s (docs/spdk.md)'
-	@echo 'make simdev-tests C programs on the sim device through sqdisc-sim (c-tests/simdev)'
+	@echo 'make simdev-tests C programs on the sim device through sqdisc-sim (c-tests/simdev), run by make check'
 	@echo 'make e2e-spdk   SPDK_SRC=<SPDK release tree, its DPDK in dpdk/>: real SPDK over the sim device (docs/spdk.md); not in check'
 	@echo 'make bench      instruction counts against raw verbs on a null provider and the software HCA (docs/PERFORMANCE.md)'
 	@echo '                then make bench-sim'
@@ -474,6 +474,7 @@ check:
 	$(MAKE) --no-print-directory check-installed-symbols
 	$(MAKE) --no-print-directory sim-matrix
 	$(MAKE) --no-print-directory sim-device-tests
+	$(MAKE) --no-print-directory simdev-tests
 	$(MAKE) --no-print-directory c-tests
 	$(MAKE) --no-print-directory check-spdk-dropin
 	$(MAKE) --no-print-directory check-checker
