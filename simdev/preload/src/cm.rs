@@ -15,7 +15,7 @@ use rdma_sys::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_qp_state, rdma_addrinfo,
     rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel,
 };
-use sqdisc_sim_proto::{decode, recv_message, CmAddr, CmEvent, CmParam, Reply, Request};
+use sqdisc_sim_proto::{decode, recv_message_interruptible, CmAddr, CmEvent, CmParam, Reply, Request};
 
 use crate::context::{context, Context};
 use crate::qp::qp_obj;
@@ -414,7 +414,8 @@ unsafe fn read_event(channel: *mut rdma_event_channel) -> Result<*mut Event, c_i
     // SAFETY: as the caller promises.
     let fd = unsafe { (*channel).fd };
     let mut buf = Vec::new();
-    let ev: CmEvent = match recv_message(fd, &mut buf) {
+    // A signal ends the wait, as it ends librdmacm's read of the kernel's event file (-1, EINTR).
+    let ev: CmEvent = match recv_message_interruptible(fd, &mut buf) {
         Ok(Some(_)) => match decode(&buf) {
             Some(e) => e,
             None => {

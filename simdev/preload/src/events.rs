@@ -25,9 +25,7 @@ fn read_record(fd: c_int) -> Result<Option<EventRecord>, i32> {
         if n < 0 {
             // SAFETY: reads the calling thread's errno.
             let e = unsafe { *libc::__errno_location() };
-            if e == libc::EINTR {
-                continue;
-            }
+            // EINTR included: as libibverbs' read of a kernel event file, a signal ends the wait (-1, EINTR).
             return Err(e);
         }
         return Err(libc::EIO);

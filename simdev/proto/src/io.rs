@@ -48,6 +48,17 @@ pub fn send_message(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<
 /// Receives one message into `buf` (cleared first). `Ok(None)` at end of stream (the peer closed); a message
 /// longer than [`MAX_MESSAGE`] is an `InvalidData` error. A descriptor that came with it is returned owned.
 pub fn recv_message(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Option<OwnedFd>>> {
+    receive(sock, buf, true)
+}
+
+/// As [`recv_message`], but a signal that interrupts the wait ends it with an `Interrupted` error, as a blocked
+/// read of a kernel event file ends with `EINTR`: for the waits a program may break with a signal
+/// (`rdma_get_cm_event`).
+pub fn recv_message_interruptible(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Option<OwnedFd>>> {
+    receive(sock, buf, false)
+}
+
+fn receive(sock: RawFd, buf: &mut Vec<u8>, restart: bool) -> io::Result<Option<Option<OwnedFd>>> {
     // Received into the buffer's spare capacity: zeroing a megabyte per message would cost more than the rest.
     buf.clear();
     buf.reserve(MAX_MESSAGE);
@@ -67,7 +78,7 @@ pub fn recv_message(sock: RawFd, buf: &mut Vec<u8>) -> io::Result<Option<Option<
             break n as usize;
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        if e.kind() != io::ErrorKind::Interrupted || !restart {
             buf.clear();
             return Err(e);
         }

@@ -18,7 +18,7 @@ mod io;
 mod path;
 mod shm;
 
-pub use io::{recv_message, send_message, EventRecord, MAX_MESSAGE};
+pub use io::{recv_message, recv_message_interruptible, send_message, EventRecord, MAX_MESSAGE};
 pub use path::{socket_path, PRELOAD_ENV, SOCKET_ENV};
 pub use shm::SharedCounter;
 
