@@ -71,7 +71,14 @@ pub struct Cm {
     ids: HashMap<u64, Id>,
     next_id: u64,
     next_port: u16,
+    /// Route resolutions under way: the identifier and when its `ROUTE_RESOLVED` is due.
+    routes: Vec<(std::time::Instant, u64)>,
 }
+
+/// How long `rdma_resolve_route` takes. On InfiniBand it is a path record query to the subnet manager and back,
+/// hundreds of microseconds or more, not an instant; a program that connects right after resolving the route
+/// meets a peer that has had that long to listen, as on a real fabric.
+pub const ROUTE_QUERY: std::time::Duration = std::time::Duration::from_millis(1);
 
 fn unspecified(a: &CmAddr) -> bool {
     a.ip.iter().all(|b| *b == 0)
@@ -296,8 +303,25 @@ impl Server {
             self.emit(id, Self::event(ROUTE_ERROR, -libc::EINVAL));
             return err(libc::EINVAL, "rdma_resolve_route before rdma_resolve_addr");
         }
-        self.emit(id, Self::event(ROUTE_RESOLVED, 0));
+        self.cm.routes.push((std::time::Instant::now() + ROUTE_QUERY, id));
         (Reply::Done, None)
+    }
+
+    /// Emits `ROUTE_RESOLVED` for each route resolution that is due; returns when the next one is, if any.
+    pub(crate) fn cm_resolve_due(&mut self) -> Option<std::time::Instant> {
+        let now = std::time::Instant::now();
+        let mut due = Vec::new();
+        self.cm.routes.retain(|&(at, id)| {
+            let ready = at <= now;
+            if ready {
+                due.push(id);
+            }
+            !ready
+        });
+        for id in due {
+            self.emit(id, Self::event(ROUTE_RESOLVED, 0));
+        }
+        self.cm.routes.iter().map(|&(at, _)| at).min()
     }
 
     pub(crate) fn cm_set_qp(&mut self, token: u64, id: u64, qp: Option<u64>) -> Answer {

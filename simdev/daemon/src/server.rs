@@ -115,6 +115,7 @@ impl Server {
             let busy = self.dev.busy();
             let urgent = busy && self.dev.urgent();
             let pending = self.clients.values().any(Client::has_pending_events);
+            let route_due = self.cm_resolve_due().map(|at| at.saturating_duration_since(Instant::now()));
             let timeout = if urgent {
                 Some(Duration::ZERO)
             } else if busy {
@@ -123,6 +124,11 @@ impl Server {
                 Some(Duration::from_millis(1))
             } else {
                 Some(Duration::from_millis(200))
+            };
+            let timeout = match (timeout, route_due) {
+                (Some(t), Some(r)) => Some(t.min(r)),
+                (t, None) => t,
+                (None, r) => r,
             };
             self.epoll.wait(timeout, &mut ready)?;
             for &token in &ready {
