@@ -198,16 +198,22 @@ struct sqd_spdk_qp_counters {
 	/* 1 when the qpair's CQ could not grow (ibv_resize_cq failed) to its worst case and the qpair signals every
 	 * WR instead; logged through spdk_log once per CQ */
 	uint32_t cq_not_grown;
+	/* completions the device gave out of RC order: for a WQE a later completion had already retired (logged
+	 * through spdk_log once per qpair, with the first one's WQE, wr_id and opcode), and of those, the ones handed
+	 * to SPDK (of WRs SPDK signaled: its only completion of the WR) */
+	uint64_t out_of_order;
+	uint64_t out_of_order_shown;
 };
 
 #ifdef SQD_SPDK_ASSERT_LAYOUT
 #include <stddef.h>
-_Static_assert(sizeof(struct sqd_spdk_qp_counters) == 72 && offsetof(struct sqd_spdk_qp_counters, send_flushes) == 8 &&
-	       offsetof(struct sqd_spdk_qp_counters, refused_errno) == 64, "sqd_spdk_qp_counters layout");
+_Static_assert(sizeof(struct sqd_spdk_qp_counters) == 88 && offsetof(struct sqd_spdk_qp_counters, send_flushes) == 8 &&
+	       offsetof(struct sqd_spdk_qp_counters, refused_errno) == 64 &&
+	       offsetof(struct sqd_spdk_qp_counters, out_of_order) == 72, "sqd_spdk_qp_counters layout");
 #endif
 
 /* Copies the provider's counters of a qpair into *out (out->size set by the caller, see above). Returns 0, or
- * -EINVAL (NULL argument, out->size below 72, a qpair being destroyed). */
+ * -EINVAL (NULL argument, out->size below 88, a qpair being destroyed). */
 int sqd_spdk_qp_counters(const struct spdk_rdma_provider_qp *qp, struct sqd_spdk_qp_counters *out);
 
 #ifdef __cplusplus

@@ -34,6 +34,8 @@ pub struct QpCounters {
     pub refused: u64,
     pub refused_errno: i32,
     pub cq_not_grown: u32,
+    pub out_of_order: u64,
+    pub out_of_order_shown: u64,
 }
 
 /// The size of the first version of [`QpCounters`]: the least a caller may pass.
@@ -206,10 +208,10 @@ mod tests {
     /// The layout sqdisc_spdk.h declares (and its `_Static_assert` pins).
     #[test]
     fn counters_layout_matches_the_header() {
-        assert_eq!(size_of::<QpCounters>(), 72);
+        assert_eq!(size_of::<QpCounters>(), 88);
         assert_eq!(
-            [offset_of!(QpCounters, send_flushes), offset_of!(QpCounters, owed), offset_of!(QpCounters, refused_errno), offset_of!(QpCounters, cq_not_grown)],
-            [8, 48, 64, 68]
+            [offset_of!(QpCounters, send_flushes), offset_of!(QpCounters, owed), offset_of!(QpCounters, refused_errno), offset_of!(QpCounters, cq_not_grown), offset_of!(QpCounters, out_of_order)],
+            [8, 48, 64, 68, 72]
         );
     }
 

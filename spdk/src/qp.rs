@@ -738,7 +738,12 @@ pub extern "C" fn sqd_spdk_qp_counters(qp: *const ProviderQp, out: *mut QpCounte
             return -libc::EINVAL;
         }
         let Some(state) = &s.state else { return -libc::EINVAL };
-        let c = state.with(|q, _| q.ledger.counters());
+        let c = state.with(|q, _| {
+            let mut c = q.ledger.counters();
+            let late = q.queue.out_of_order();
+            (c.out_of_order, c.out_of_order_shown) = (late.count, late.shown);
+            c
+        });
         // SAFETY: the caller's struct has at least `size` >= QP_COUNTERS_V1 writable bytes; this version writes
         // exactly its own size, and says so in `size`.
         unsafe { out.write_unaligned(c) };
