@@ -179,7 +179,8 @@ struct sqd_spdk_qp_counters {
 	uint32_t qp_num;
 	/* IBV_WC_WR_FLUSH_ERR completions handed to SPDK of send WRs that reached the SQ (the device's CQEs) */
 	uint64_t send_flushes;
-	/* ... of receives (the device's CQEs) */
+	/* ... of receives (the device's CQEs); on a qpair with an SRQ, every error completion of a receive, which
+	 * the SRQ releases: not checked for duplicates */
 	uint64_t recv_flushes;
 	/* completions the provider made itself, handed to SPDK: WRs flushed from its backlog or posted after the QP
 	 * failed (IBV_WC_WR_FLUSH_ERR), and WRs the device refused when posted from the backlog (see `refused`) */

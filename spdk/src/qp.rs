@@ -282,6 +282,9 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
         let ledger = Ledger::new(qp_num);
+        if srq.is_some() {
+            ledger.set_srq();
+        }
         let build = |config: QueueConfig| {
             let pending = pending.clone();
             let destroying = destroying.clone();
