@@ -135,7 +135,13 @@ target_start() { # mode transport
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_create_subsystem "$NQN" -a -s SQDISC00000000000001
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_subsystem_add_ns "$NQN" Malloc0
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_subsystem_add_listener "$NQN" -t rdma -f ipv4 -a 127.0.0.1 -s 4420
-	} > "$RUN/rpc.log" 2>&1 || { cat "$RUN/rpc.log" >&2; die "configuring nvmf_tgt failed"; }
+	} > "$RUN/rpc.log" 2>&1 || {
+		cat "$RUN/rpc.log" >&2; tail -20 "$TLOG" >&2
+		# The target is not left running (nor its RPC socket in use) for the next invocation.
+		kill -KILL "$TPID" 2>/dev/null || true; wait "$TPID" 2>/dev/null || true
+		"$SIM" stop >/dev/null 2>&1 || true
+		die "configuring nvmf_tgt failed"
+	}
 }
 
 # SIGTERM; the target must exit within 20 s. Sets ST to its exit status, or "hang" (then SIGKILL).
