@@ -650,6 +650,12 @@ static void a_late_completion_of_a_wr_spdk_signaled_reaches_spdk_and_is_logged_o
     struct sqd_queue_stats s = qstats(q);
     CHECK_EQ(s.stray_cqes, 0);
     CHECK_EQ(s.released, s.accepted);
+    /* Counted: both late completions, both handed to SPDK. */
+    struct sqd_spdk_qp_counters c = {.size = sizeof c};
+    CHECK_EQ(sqd_spdk_qp_counters(q, &c), 0);
+    CHECK_EQ(c.out_of_order, 2);
+    CHECK_EQ(c.out_of_order_shown, 2);
+    CHECK_EQ(c.duplicates, 0);
 
     spdk_rdma_provider_qp_destroy(q);
     world_free(&w);

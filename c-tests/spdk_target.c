@@ -66,6 +66,7 @@ static void request_wrs(struct world *w, int qi, int ri)
  * saw: reported with the run (docs/spdk.md quotes it). */
 static struct {
     unsigned long long accepted, policy_signals, markers, parked, flushes;
+    unsigned long long errors_seen[QPAIRS]; /* error completions SPDK polled, per qpair */
 } underneath;
 
 /* One ibv_wc, accounted as SPDK's target accounts it. */
@@ -74,6 +75,7 @@ static void on_wc(struct world *w, const struct ibv_wc *wc)
     underneath.flushes += wc->status == IBV_WC_WR_FLUSH_ERR;
     int qi = (int)(wc->wr_id >> 32), ri = (int)((wc->wr_id >> 8) & 0xffffff), kind = (int)(wc->wr_id & 0xff);
     CHECK(qi >= 0 && qi < QPAIRS && !qps[qi].destroyed);
+    underneath.errors_seen[qi] += wc->status != IBV_WC_SUCCESS;
     struct qpair *p = &qps[qi];
     CHECK_EQ(wc->qp_num, p->q->qp->qp_num);
     if (wc->status != IBV_WC_SUCCESS && !p->disconnecting) {
@@ -179,6 +181,14 @@ static void run_seed(uint64_t seed)
                     underneath.policy_signals += qs.signaled_by_policy;
                     underneath.markers += qs.markers;
                     underneath.parked += qs.parked;
+                    /* The provider's own account of the error completions it handed agrees with what SPDK
+                     * polled: none twice, none still owed. */
+                    struct sqd_spdk_qp_counters fc = {.size = sizeof fc};
+                    CHECK_EQ(sqd_spdk_qp_counters(p->q, &fc), 0);
+                    CHECK_EQ(fc.duplicates, 0);
+                    CHECK_EQ(fc.owed, 0);
+                    CHECK_EQ(fc.send_flushes + fc.recv_flushes + fc.owed_flushes + fc.other_errors,
+                             underneath.errors_seen[i]);
                     spdk_rdma_provider_qp_destroy(p->q);
                     CHECK_EQ(sqd_sim_destroy_qp(p->peer), 0);
                     p->destroyed = 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# libsqdisc_spdk exports exactly SPDK's 14 provider functions and the two sqd_spdk_* functions of
+# libsqdisc_spdk exports exactly SPDK's 14 provider functions and the three sqd_spdk_* functions of
 # sqdisc_spdk.h, and needs from SPDK exactly the functions every SPDK release since v25.05 exports; SPDK's
 # connection-manager wrappers (master only) are weak references, librdmacm the fallback.
 # usage: check-spdk-symbols.sh SHARED_LIB STATIC_LIB SONAME
@@ -15,7 +15,7 @@ expected_exports=$(printf '%s\n' \
     spdk_rdma_provider_qp_complete_connect spdk_rdma_provider_qp_destroy spdk_rdma_provider_qp_disconnect \
     spdk_rdma_provider_qp_queue_send_wrs spdk_rdma_provider_qp_flush_send_wrs \
     spdk_rdma_provider_qp_queue_recv_wrs spdk_rdma_provider_qp_flush_recv_wrs \
-    spdk_rdma_provider_accel_sequence_supported sqd_spdk_qp_stats sqd_spdk_cq_stats | sort)
+    spdk_rdma_provider_accel_sequence_supported sqd_spdk_qp_stats sqd_spdk_cq_stats sqd_spdk_qp_counters | sort)
 # Strong imports: every SPDK release since v25.05 exports them (libspdk_log, libspdk_rdma_utils). Weak ones:
 # SPDK's connection-manager wrappers, which only SPDK master has; without them librdmacm is called directly.
 expected_imports=$(printf '%s\n' spdk_log spdk_rdma_utils_get_memory_domain spdk_rdma_utils_put_memory_domain | sort)
@@ -56,4 +56,4 @@ a_globals=$("$NM" -g --defined-only "$archive" | awk 'NF == 3 { print $3 }' | so
     || fail "$archive defines the globals: $(tr '\n' ' ' <<<"$a_globals"), expected: $(tr '\n' ' ' <<<"$expected_exports")"
 
 if [ "$failed" -ne 0 ]; then exit 1; fi
-echo "check-spdk-symbols: $so ($soname) and $archive export the 14 provider functions and 2 sqd_spdk_* functions; $(wc -l <<<"$expected_imports") functions come from SPDK, $(wc -l <<<"$expected_weak") from SPDK if it has them (weak), else from librdmacm"
+echo "check-spdk-symbols: $so ($soname) and $archive export the 14 provider functions and 3 sqd_spdk_* functions; $(wc -l <<<"$expected_imports") functions come from SPDK, $(wc -l <<<"$expected_weak") from SPDK if it has them (weak), else from librdmacm"

@@ -72,6 +72,13 @@ else
 		if [[ ! -f "$SPDK/isa-l/autogen.sh" ]]; then
 			mkdir -p "$SPDK/isa-l"; printf '#!/bin/sh\n' > "$SPDK/isa-l/autogen.sh"; chmod +x "$SPDK/isa-l/autogen.sh"
 		fi
+		# An option a release's configure does not know (v25.05 has no --without-fsdev) is left out: that
+		# release has nothing to leave out by it.
+		known=()
+		for opt in "${CONFIGURE[@]}"; do
+			if grep -q -- "^[[:space:]]*$opt)" "$SPDK/configure"; then known+=("$opt"); else say "configure of $SPDK has no $opt: left out"; fi
+		done
+		CONFIGURE=("${known[@]}")
 		say "building SPDK in $SPDK (configure ${CONFIGURE[*]}; make -j$JOBS; log $SPDK/sqdisc-build.log)"
 		( cd "$SPDK" && ./configure "${CONFIGURE[@]}" && make -j"$JOBS" && make -C examples/bdev/bdevperf -j"$JOBS" ) \
 			> "$SPDK/sqdisc-build.log" 2>&1 || { tail -30 "$SPDK/sqdisc-build.log" >&2; die "the SPDK build failed"; }
@@ -113,7 +120,7 @@ target_start() { # mode transport
 	sim_start
 	TLOG=$RUN/nvmf_tgt-$mode-$tr.log
 	rm -f "$RUN/tgt.sock"
-	LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 \
+	LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 SQDISC_SIM_QP_STATS=1 \
 		"$SPDK/build/bin/nvmf_tgt" --disable-cpumask-locks --no-huge -s 1024 -m 0x1 -r "$RUN/tgt.sock" > "$TLOG" 2>&1 &
 	TPID=$!
 	for i in $(seq 100); do
@@ -128,7 +135,13 @@ target_start() { # mode transport
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_create_subsystem "$NQN" -a -s SQDISC00000000000001
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_subsystem_add_ns "$NQN" Malloc0
 		"${RPC[@]}" -s "$RUN/tgt.sock" nvmf_subsystem_add_listener "$NQN" -t rdma -f ipv4 -a 127.0.0.1 -s 4420
-	} > "$RUN/rpc.log" 2>&1 || { cat "$RUN/rpc.log" >&2; die "configuring nvmf_tgt failed"; }
+	} > "$RUN/rpc.log" 2>&1 || {
+		cat "$RUN/rpc.log" >&2; tail -20 "$TLOG" >&2
+		# The target is not left running (nor its RPC socket in use) for the next invocation.
+		kill -KILL "$TPID" 2>/dev/null || true; wait "$TPID" 2>/dev/null || true
+		"$SIM" stop >/dev/null 2>&1 || true
+		die "configuring nvmf_tgt failed"
+	}
 }
 
 # SIGTERM; the target must exit within 20 s. Sets ST to its exit status, or "hang" (then SIGKILL).
@@ -149,11 +162,23 @@ target_stop() {
 }
 
 # sqdisc's counters of a process's qpairs, from the lines libsqdisc_spdk logs when SQDISC_SPDK_STATS=1:
-# qpairs/WRs/markers/moderation signals/backlogged/stray CQEs/late CQEs, summed over its qpairs.
+# qpairs/WRs/markers/moderation signals/backlogged/stray CQEs/late CQEs, then the error completions it
+# handed SPDK: flushes from the device's CQEs (sends+receives), its own flushes, other errors, duplicates,
+# owed and never handed; summed over its qpairs.
 sqd_counters() { # [skip=N] file: the lines after the first N
 	local skip=0; [[ $1 == skip=* ]] && { skip=${1#skip=}; shift; }
 	awk -v skip="$skip" '/sqdisc_spdk stats:/ && ++seen > skip { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[2] != "") s[kv[1]] += kv[2] } n++ }
-	END { if (n) printf "%dqp/%dwr/m%d/s%d/b%d/x%d/l%d", n, s["accepted"], s["markers"], s["mod_signals"], s["backlogged"], s["stray"], s["late"]; else printf "-" }' "$@" 2>/dev/null
+	END { if (n) printf "%dqp/%dwr/m%d/s%d/b%d/x%d/l%d/f%d+%d/o%d/e%d/d%d/u%d", n, s["accepted"], s["markers"], s["mod_signals"], s["backlogged"], s["stray"], s["late"],
+		s["send_flushes"], s["recv_flushes"], s["owed_flushes"], s["other_errors"], s["duplicates"], s["unhanded"]; else printf "-" }' "$@" 2>/dev/null
+}
+
+# The device's side, for either provider: the completions the process polled from the sim with
+# IBV_WC_WR_FLUSH_ERR and with another error status, summed over its QPs (the preload library's lines when
+# SQDISC_SIM_QP_STATS=1, one per QP destroyed): F<flushes>/E<other errors>.
+sim_counters() { # [skip=N] file
+	local skip=0; [[ $1 == skip=* ]] && { skip=${1#skip=}; shift; }
+	awk -v skip="$skip" '/sqdisc-sim qp stats:/ && ++seen > skip { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[2] != "") s[kv[1]] += kv[2] } n++ }
+	END { if (n) printf "F%d/E%d", s["flush_cqes"], s["error_cqes"]; else printf "-" }' "$@" 2>/dev/null
 }
 
 ROWS=()
@@ -164,7 +189,7 @@ host() { # mode log program args...: runs an SPDK host program of mode; prints i
 	local mode=$1 log=$2; shift 2
 	local rc=0
 	# timeout itself is no SPDK program: the preloads go to the program only.
-	timeout -k 5 "$RUN_LIMIT" env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 "$@" > "$log" 2>&1 || rc=$?
+	timeout -k 5 "$RUN_LIMIT" env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 SQDISC_SIM_QP_STATS=1 "$@" > "$log" 2>&1 || rc=$?
 	[[ $rc == 124 || $rc == 137 ]] && rc=timeout
 	echo "$rc"
 }
@@ -192,6 +217,7 @@ want "qp fatal" && runs+=("qp fatal")
 one_run() {
 	log=$RUN/$tag-${name// /-}.log
 	tstats_before=$(grep -c 'sqdisc_spdk stats:' "$TLOG" || true)
+	tsim_before=$(grep -c 'sqdisc-sim qp stats:' "$TLOG" || true)
 	case $name in
 	identify)
 		rc=$(host "$mode" "$log" "$SPDK/build/bin/spdk_nvme_identify" --no-huge -s 1024 -r "$TRID subnqn:$NQN")
@@ -220,7 +246,7 @@ one_run() {
 		# delay), and the run must end with no failed I/O and no data error.
 		o=4; q=32
 		bdevperf_json reconnect
-		env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
+		env LD_PRELOAD="$(preload_for "$mode")" SQDISC_SPDK_STATS=1 SQDISC_SIM_QP_STATS=1 "$SPDK/build/examples/bdevperf" --disable-cpumask-locks --no-huge -s 1024 -m 0x2 \
 			-r "$RUN/bdevperf.sock" --json "$RUN/bdevperf.json" -q 32 -o 4096 -w verify -t $((TIME + 6)) > "$log" 2>&1 &
 		hpid=$!   # env executes bdevperf in place
 		( sleep "$RUN_LIMIT"; kill -KILL "$hpid" 2>/dev/null ) & wdog=$!
@@ -245,8 +271,9 @@ one_run() {
 		[[ -n $fr && $fr != 0.00 ]] && fails="$fails+$fr/s";;
 	esac
 	sleep 0.5   # the target destroys the host's qpairs as it disconnects
-	ctr="host $(sqd_counters "$log"), target $(sqd_counters skip="$tstats_before" "$TLOG")"
-	[[ $mode == sqdisc ]] || ctr=-
+	ctr="host $(sqd_counters "$log"), target $(sqd_counters skip="$tstats_before" "$TLOG"); "
+	[[ $mode == sqdisc ]] || ctr=
+	ctr="${ctr}device: host $(sim_counters "$log"), target $(sim_counters skip="$tsim_before" "$TLOG")"
 	row "$mode" "$tr" "$name" "${iops:--}" "$fails" "$rc" "$ctr"
 	if [[ $rc != 0 || ( $fails != - && $fails != 0 ) ]]; then
 		FAILED=1
@@ -281,7 +308,8 @@ else
 			tag=$mode-$tr
 			for name in "${runs[@]}"; do one_run; done
 			target_stop
-			ctr=-; [[ $mode == sqdisc ]] && ctr="target $(sqd_counters "$TLOG")"
+			ctr=; [[ $mode == sqdisc ]] && ctr="target $(sqd_counters "$TLOG"); "
+			ctr="${ctr}device: target $(sim_counters "$TLOG")"
 			row "$mode" "$tr" "target shutdown" - - "$ST" "$ctr"
 			[[ $ST == 0 ]] || FAILED=1
 		done
@@ -291,6 +319,6 @@ fi
 
 echo
 echo "SPDK $(spdk_version "$SPDK") ($SPDK), provider $PROVIDER; sim settings: ${SIM_ARGS:-defaults}; $TIME s per run"
-printf '%-7s %-6s %-26s %10s %6s %6s %s\n' provider rdma workload IOPS verify exit "sqdisc counters (qpairs/WRs/markers m/moderation signals s/backlogged b/stray CQEs x/late CQEs l)"
+printf '%-7s %-6s %-26s %10s %6s %6s %s\n' provider rdma workload IOPS verify exit "counters: sqdisc's (qpairs/WRs/markers m/moderation signals s/backlogged b/stray CQEs x/late CQEs l/flushes handed from the device f sends+receives/own flushes handed o/other errors handed e/duplicates d/owed, never handed u); the device's (flush CQEs polled F/other error CQEs polled E)"
 printf '%s\n' "${ROWS[@]}"
 exit "$FAILED"

@@ -4,8 +4,8 @@
  * The library exports SPDK's 14 RDMA provider functions (spdk_rdma_provider_*) with SPDK's signatures and
  * structure layouts, so that it can take the place of SPDK's libspdk_rdma_provider; docs/spdk.md tells how.
  * SPDK itself includes its own declarations (include/spdk_internal/rdma_provider.h): this header is for
- * programs outside SPDK that drive the provider (tests, tools), and for the two sqd_spdk_* functions that
- * read a qpair's and a CQ's sqdisc counters.
+ * programs outside SPDK that drive the provider (tests, tools), and for the three sqd_spdk_* functions that
+ * read a qpair's and a CQ's counters.
  *
  * The declarations below match SPDK v25.05, v25.09, v26.01, v26.05 and master (commit 3230130e6a), whose
  * include/spdk_internal/rdma_provider.h is the same file, on LP64 platforms; SQD_SPDK_ASSERT_LAYOUT pins every
@@ -169,6 +169,53 @@ int sqd_spdk_qp_stats(const struct spdk_rdma_provider_qp *qp, struct sqd_queue_s
  * provider answers from the device alone (nothing owed, no idle tail watched) is not counted. Returns 0,
  * -EINVAL (NULL argument), or -ENOENT (no qpair uses cq now). */
 int sqd_spdk_cq_stats(struct ibv_cq *cq, struct sqd_cq_stats *out);
+
+/* The provider's own counters of a qpair (sqd_spdk_qp_counters): the completions it handed SPDK with an error
+ * status, and what it could not tell SPDK otherwise. Set `size` to sizeof(struct sqd_spdk_qp_counters) before the
+ * call; later versions only add members at the end, and the call writes at most `size` bytes and sets `size` to
+ * the bytes it wrote (the members past it are not this library's). */
+struct sqd_spdk_qp_counters {
+	uint32_t size;
+	uint32_t qp_num;
+	/* IBV_WC_WR_FLUSH_ERR completions handed to SPDK of send WRs that reached the SQ (the device's CQEs) */
+	uint64_t send_flushes;
+	/* ... of receives (the device's CQEs); on a qpair with an SRQ, every error completion of a receive, which
+	 * the SRQ releases: not checked for duplicates */
+	uint64_t recv_flushes;
+	/* completions the provider made itself, handed to SPDK: WRs flushed from its backlog or posted after the QP
+	 * failed (IBV_WC_WR_FLUSH_ERR), and WRs the device refused when posted from the backlog (see `refused`) */
+	uint64_t owed_flushes;
+	/* the device's CQEs with an error status other than a flush handed to SPDK (the failing WR's own) */
+	uint64_t other_errors;
+	/* error completions handed to SPDK for a WR that was owed none: a second completion of one post */
+	uint64_t duplicates;
+	/* error completions owed to SPDK and not handed yet; when SPDK destroys the qpair, those it never got */
+	uint64_t owed;
+	/* WRs the device refused (its post_send failed) when the provider posted them from the qpair's backlog,
+	 * after SPDK's flush had taken them: each reaches SPDK as a completion with status IBV_WC_LOC_QP_OP_ERR and
+	 * the errno in vendor_err; the first is logged through spdk_log */
+	uint64_t refused;
+	int32_t refused_errno; /* the newest such refusal's errno, else 0 */
+	/* 1 when the qpair's CQ could not grow (ibv_resize_cq failed) to its worst case and the qpair signals every
+	 * WR instead; logged through spdk_log once per CQ */
+	uint32_t cq_not_grown;
+	/* completions the device gave out of RC order: for a WQE a later completion had already retired (logged
+	 * through spdk_log once per qpair, with the first one's WQE, wr_id and opcode), and of those, the ones handed
+	 * to SPDK (of WRs SPDK signaled: its only completion of the WR) */
+	uint64_t out_of_order;
+	uint64_t out_of_order_shown;
+};
+
+#ifdef SQD_SPDK_ASSERT_LAYOUT
+#include <stddef.h>
+_Static_assert(sizeof(struct sqd_spdk_qp_counters) == 88 && offsetof(struct sqd_spdk_qp_counters, send_flushes) == 8 &&
+	       offsetof(struct sqd_spdk_qp_counters, refused_errno) == 64 &&
+	       offsetof(struct sqd_spdk_qp_counters, out_of_order) == 72, "sqd_spdk_qp_counters layout");
+#endif
+
+/* Copies the provider's counters of a qpair into *out (out->size set by the caller, see above). Returns 0, or
+ * -EINVAL (NULL argument, out->size below 88, a qpair being destroyed). */
+int sqd_spdk_qp_counters(const struct spdk_rdma_provider_qp *qp, struct sqd_spdk_qp_counters *out);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,8 @@ pub(crate) struct ManagedCq {
     pub sqd: sqdisc::Cq,
     pub pending: Pending,
     pub gate: GateRef,
+    /// The error completions its qpairs are owed and were handed (`flushes`).
+    pub book: crate::flushes::Book,
 }
 
 impl ManagedCq {

@@ -831,6 +831,9 @@ unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: 
             }
         }
     };
+    if result > 0 {
+        m.book.scan(&m.sqd, &out[..result as usize]);
+    }
     m.update_gate();
     result
 }

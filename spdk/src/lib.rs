@@ -12,6 +12,7 @@
 pub mod abi;
 mod cm;
 mod domain;
+mod flushes;
 mod interpose;
 mod qp;
 mod srq;

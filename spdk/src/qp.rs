@@ -10,10 +10,11 @@ use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{ibv_cq, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_opcode, ibv_wc_status};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
-use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED};
+use sqdisc::{Completion, Deferred, Queue, QueueConfig, ReleaseHandler, SQD_COMPLETION_BUFFER_MODIFIED, SQD_COMPLETION_REFUSED};
 
 use crate::abi::{self, ProviderQp, QpInitAttr, QpStats};
 use crate::domain::{Domain, DomainState, Guarded, ManagedCq, Pending};
+use crate::flushes::{Ledger, Origin, QpCounters, QP_COUNTERS_V1};
 use crate::{cm, interpose, log_error, srq, wr_list};
 
 /// What SPDK holds as `struct spdk_rdma_provider_qp *`: SPDK's public part first, then ours.
@@ -32,14 +33,21 @@ pub(crate) struct QpState {
     pending: Pending,
     /// Set while the qpair is destroyed: releases then owe SPDK nothing.
     destroying: Rc<Cell<bool>>,
+    /// The error completions SPDK is owed and was handed (`flushes`).
+    ledger: Rc<Ledger>,
 }
 
 fn flush_wc(wr_id: u64, opcode: u32, qp_num: u32) -> ibv_wc {
+    error_wc(wr_id, opcode, qp_num, ibv_wc_status::IBV_WC_WR_FLUSH_ERR, 0)
+}
+
+fn error_wc(wr_id: u64, opcode: u32, qp_num: u32, status: ibv_wc_status::Type, vendor_err: u32) -> ibv_wc {
     // SAFETY: `ibv_wc` is plain data; all zeroes is a valid value.
     let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
     wc.wr_id = wr_id;
-    wc.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+    wc.status = status;
     wc.opcode = opcode as ibv_wc_opcode::Type;
+    wc.vendor_err = vendor_err;
     wc.qp_num = qp_num;
     wc
 }
@@ -126,7 +134,7 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
             return Err(e.message().to_owned());
         }
     }
-    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate });
+    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate, book: Default::default() });
     Ok(())
 }
 
@@ -273,14 +281,40 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         };
         let pending = send.pending.clone();
         let destroying = Rc::new(Cell::new(false));
+        let ledger = Ledger::new(qp_num);
+        if srq.is_some() {
+            ledger.set_srq();
+        }
         let build = |config: QueueConfig| {
             let pending = pending.clone();
             let destroying = destroying.clone();
-            // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs would have
-            // flushed it with its own completion, signaled or not, and SPDK counts on it.
+            let ledger = ledger.clone();
             let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
-                if c.never_posted() && !c.is_recv() && !destroying.get() {
-                    pending.borrow_mut().push_back(flush_wc(c.wr_id, c.opcode, qp_num));
+                if c.status != 0 && !destroying.get() {
+                    if c.never_posted() && !c.is_recv() {
+                        // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs
+                        // would have flushed it with its own completion, signaled or not, and SPDK counts on it.
+                        // A WR the device refused when it was posted from the backlog: SPDK took its flush as
+                        // posted, so this completion is the only way to tell it; it carries the refusal.
+                        let wc = if c.flags & SQD_COMPLETION_REFUSED != 0 {
+                            if ledger.refused(c.vendor_err) {
+                                log_error(&format!(
+                                    "qpair of QP {qp_num:#x}: the device refused WR {:#x} (wc opcode {}) with errno {} \
+                                     when it was posted from the backlog; SPDK gets it as a completion with status \
+                                     {} (not logged again for this qpair; counted in sqd_spdk_qp_counters.refused)",
+                                    c.wr_id, c.opcode, c.vendor_err, c.status
+                                ));
+                            }
+                            error_wc(c.wr_id, c.opcode, qp_num, c.status, c.vendor_err)
+                        } else {
+                            flush_wc(c.wr_id, c.opcode, qp_num)
+                        };
+                        pending.borrow_mut().push_back(wc);
+                        ledger.owe(c.wr_id, Origin::Own);
+                    } else if !c.never_posted() {
+                        // The device's CQE of this WR reaches SPDK in this poll.
+                        ledger.owe(c.wr_id, if c.is_recv() { Origin::Recv } else { Origin::Send });
+                    }
                 }
                 if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
                     log_error(&format!(
@@ -343,7 +377,30 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
         // nothing, so they go in batches to a handler that does nothing (one call per run instead of one per WR).
         // The releases that owe SPDK something (a WR flushed from the backlog, a modified buffer) still come one
         // by one to `release` above.
-        queue.set_release_batch(Box::new(|_| {})).map_err(|e| e.message().to_owned())?;
+        // A batch with an error status is of WRs whose device CQEs reach SPDK in this poll: owed until then.
+        let (batch_ledger, batch_destroying) = (ledger.clone(), destroying.clone());
+        queue
+            .set_release_batch(Box::new(move |b| {
+                if b.status != 0 && !batch_destroying.get() {
+                    for &wr_id in b.wr_ids {
+                        batch_ledger.owe(wr_id, Origin::Send);
+                    }
+                }
+            }))
+            .map_err(|e| e.message().to_owned())?;
+        if let Some(g) = &cannot_grow {
+            ledger.set_cq_not_grown();
+            // SPDK cannot be told: the qpair works, signaling every WR. Said once per CQ.
+            if !send.book.grow_logged.replace(true) {
+                crate::log_warn(&format!(
+                    "qpair of QP {qp_num:#x} (max_send_wr {}, max_recv_wr {}): {g}; the qpair signals every WR \
+                     instead (not logged again for this CQ; counted in sqd_spdk_qp_counters.cq_not_grown)",
+                    init.cap.max_send_wr, config.rq_depth
+                ));
+            }
+        }
+        send.book.register(qp_num, &ledger);
+        recv.book.register(qp_num, &ledger);
         // A device that completes out of RC order: sqdisc hands SPDK the late completions of the WRs SPDK
         // signaled (SPDK matches them by wr_id), and this says so once per qpair.
         queue.on_out_of_order(Box::new(move |what: &str| {
@@ -352,7 +409,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
                  signaled are still handed to SPDK (not logged again for this qpair): {what}"
             ))
         }));
-        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying })
+        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying, ledger })
     })();
     match result {
         Ok(state) => Ok(Guarded::new(domain.clone(), state)),
@@ -419,10 +476,11 @@ fn stats_on_destroy() -> bool {
     *ON.get_or_init(|| std::env::var_os("SQDISC_SPDK_STATS").is_some_and(|v| v == "1"))
 }
 
-fn log_qp_stats(qp_num: u32, st: &sqdisc::QueueStats) {
+fn log_qp_stats(qp_num: u32, st: &sqdisc::QueueStats, f: &QpCounters) {
     eprintln!(
         "sqdisc_spdk stats: qp={qp_num:#x} accepted={} wqes={} doorbells={} markers={} mod_signals={} backlogged={} \
-         backlog_peak={} send_cqes={} stray={} late={} refused={} failed_status={}",
+         backlog_peak={} send_cqes={} stray={} late={} refused={} failed_status={} send_flushes={} recv_flushes={} \
+         owed_flushes={} other_errors={} duplicates={} unhanded={} dev_refused={} cq_not_grown={}",
         st.accepted,
         st.wqes,
         st.doorbells,
@@ -434,7 +492,15 @@ fn log_qp_stats(qp_num: u32, st: &sqdisc::QueueStats) {
         st.stray_cqes,
         st.late_cqes,
         st.refused,
-        st.failed_status
+        st.failed_status,
+        f.send_flushes,
+        f.recv_flushes,
+        f.owed_flushes,
+        f.other_errors,
+        f.duplicates,
+        f.owed,
+        f.refused,
+        f.cq_not_grown
     );
 }
 
@@ -451,10 +517,31 @@ pub extern "C" fn spdk_rdma_provider_qp_destroy(qp: *mut ProviderQp) {
         }
         let state = s.state.take();
         if let Some(state) = &state {
-            state.with(|q, _| {
+            state.with(|q, dst| {
                 let st = q.queue.stats();
+                let f = q.ledger.counters();
                 if stats_on_destroy() {
-                    log_qp_stats(q.qp_num, &st);
+                    log_qp_stats(q.qp_num, &st, &f);
+                }
+                // Error completions SPDK was owed and never polled, or was handed twice: it cannot be told now.
+                if f.owed > 0 || f.duplicates > 0 {
+                    crate::log_warn(&format!(
+                        "qpair of QP {:#x} destroyed with {} error completion(s) owed to SPDK and not handed, {} handed \
+                         twice ({} flushes of sends and {} of receives from the device, {} of the provider's own, {} \
+                         other errors handed)",
+                        q.qp_num, f.owed, f.duplicates, f.send_flushes, f.recv_flushes, f.owed_flushes, f.other_errors
+                    ));
+                }
+                if f.refused > 1 {
+                    crate::log_warn(&format!(
+                        "qpair of QP {:#x}: the device refused {} WRs posted from the backlog in all (newest errno {})",
+                        q.qp_num, f.refused, f.refused_errno
+                    ));
+                }
+                if let Ok(dst) = dst.try_borrow() {
+                    for m in &dst.cqs {
+                        m.book.unregister(q.qp_num);
+                    }
                 }
                 // Completions sqdisc could match to no outstanding WR were counted and not handed to SPDK (SPDK
                 // would have matched them to a stale wr_id). SPDK cannot be told of them; its log is, once per
@@ -549,8 +636,14 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
                         owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
                         w = next;
                     }
-                    let pending = q.pending.clone();
-                    match q.queue.defer(Deferred::Closure(Box::new(move || pending.borrow_mut().extend(owed)))) {
+                    let (pending, ledger) = (q.pending.clone(), q.ledger.clone());
+                    let owe = move || {
+                        for wc in &owed {
+                            ledger.owe(wc.wr_id, Origin::Own);
+                        }
+                        pending.borrow_mut().extend(owed);
+                    };
+                    match q.queue.defer(Deferred::Closure(Box::new(owe))) {
                         Ok(()) => Ok(()),
                         // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
                         Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
@@ -626,6 +719,37 @@ pub extern "C" fn sqd_spdk_qp_stats(qp: *const ProviderQp, out: *mut sqdisc::Que
         let Some(out) = (unsafe { out.as_mut() }) else { return -libc::EINVAL };
         let Some(state) = &s.state else { return -libc::EINVAL };
         *out = state.with(|q, _| q.queue.stats());
+        0
+    })
+}
+
+/// Copies the provider's own counters of a qpair into `*out` (`struct sqd_spdk_qp_counters`): at most
+/// `out->size` bytes, which the call sets to what it wrote. Returns 0, or `-EINVAL` (NULL argument, a `size`
+/// below the first version's, a qpair being destroyed).
+#[no_mangle]
+pub extern "C" fn sqd_spdk_qp_counters(qp: *const ProviderQp, out: *mut QpCounters) -> c_int {
+    crate::boundary(-libc::EINVAL, || {
+        // SAFETY: the caller passes a live qpair, or NULL.
+        let Some(s) = (unsafe { shim(qp.cast_mut()) }) else { return -libc::EINVAL };
+        if out.is_null() {
+            return -libc::EINVAL;
+        }
+        // SAFETY: the caller's struct begins with its size.
+        let size = unsafe { std::ptr::addr_of!((*out).size).read_unaligned() } as usize;
+        if size < QP_COUNTERS_V1 {
+            crate::log_error(&format!("sqd_spdk_qp_counters: size {size} is below the first version's {QP_COUNTERS_V1}"));
+            return -libc::EINVAL;
+        }
+        let Some(state) = &s.state else { return -libc::EINVAL };
+        let c = state.with(|q, _| {
+            let mut c = q.ledger.counters();
+            let late = q.queue.out_of_order();
+            (c.out_of_order, c.out_of_order_shown) = (late.count, late.shown);
+            c
+        });
+        // SAFETY: the caller's struct has at least `size` >= QP_COUNTERS_V1 writable bytes; this version writes
+        // exactly its own size, and says so in `size`.
+        unsafe { out.write_unaligned(c) };
         0
     })
 }

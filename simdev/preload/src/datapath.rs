@@ -4,7 +4,7 @@
 
 use std::ffi::c_int;
 
-use rdma_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wr_opcode};
+use rdma_sys::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc, ibv_wc_status, ibv_wr_opcode};
 use sqdisc_sim_proto::{RecvWr, Reply, Request, SendWr, Sge, Wc, MAX_POLL};
 
 use crate::context::context_fast;
@@ -377,7 +377,8 @@ fn recv_fits(w: &RecvWr, max_sge: u32) -> bool {
     w.num_sge >= 0 && w.num_sge as u32 <= max_sge && w.sges.len() == w.num_sge as usize && !w.null_sg_list
 }
 
-/// Counts what the polled completions free in the copies of the slot counts of their QPs and SRQs.
+/// Counts what the polled completions free in the copies of the slot counts of their QPs and SRQs, and their
+/// QPs' error completions.
 fn note_polled(c: &crate::context::Context, wcs: &[Wc]) {
     if wcs.is_empty() {
         return;
@@ -387,6 +388,14 @@ fn note_polled(c: &crate::context::Context, wcs: &[Wc]) {
         let Some(&ptr) = qps.get(&w.qp_num) else { continue };
         // SAFETY: a live QP of this context (QPs leave the map before they are freed).
         let q = unsafe { &*(ptr as *const crate::qp::Qp) };
+        if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+            let mut m = q.mirror.lock().unwrap_or_else(|p| p.into_inner());
+            if w.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                m.flush_polled += 1;
+            } else {
+                m.error_polled += 1;
+            }
+        }
         match w.sq_freed {
             Some(f) => {
                 let mut m = q.mirror.lock().unwrap_or_else(|p| p.into_inner());

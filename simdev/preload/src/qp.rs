@@ -41,6 +41,17 @@ pub struct Mirror {
     pub recv_polled: u64,
     /// Moved to RTR or beyond (connected in the model).
     pub connected: bool,
+    /// Completions of the QP the program polled with `IBV_WC_WR_FLUSH_ERR`, and with another error status.
+    pub flush_polled: u64,
+    pub error_polled: u64,
+}
+
+/// Whether `SQDISC_SIM_QP_STATS=1` was in the environment (read once): then each QP's polled error completions
+/// are written to standard error when it is destroyed, one line per QP, `sqdisc-sim qp stats: key=value ...`,
+/// so that runs of a program with different RDMA layers above the device can be compared (scripts/spdk-e2e.sh).
+fn stats_on_destroy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SQDISC_SIM_QP_STATS").is_some_and(|v| v == "1"))
 }
 
 #[derive(Default)]
@@ -397,6 +408,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         match c.conn.ask(&Request::DestroyQp { qp: id }) {
             Ok(_) | Err(crate::conn::Failure { errno: libc::EIO, .. }) => {
                 c.qps_by_num.lock().unwrap_or_else(|p| p.into_inner()).remove(&qp_num);
+                if stats_on_destroy() {
+                    // SAFETY: as above; still live.
+                    let m = unsafe { qp_obj(qp) }.mirror.lock().unwrap_or_else(|p| p.into_inner());
+                    eprintln!("sqdisc-sim qp stats: qp={qp_num:#x} flush_cqes={} error_cqes={}", m.flush_polled, m.error_polled);
+                }
                 // SAFETY: made by `Box::into_raw` in `create`; freed once.
                 drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
                 0
