@@ -12,17 +12,6 @@
 
 #include "support/spdk_world.h"
 
-static struct sqd_spdk_qp_counters counters(const struct spdk_rdma_provider_qp *q)
-{
-    struct sqd_spdk_qp_counters c;
-    memset(&c, 0, sizeof c);
-    c.size = sizeof c;
-    CHECK_EQ(sqd_spdk_qp_counters(q, &c), 0);
-    CHECK_EQ(c.size, sizeof c);
-    CHECK_EQ(c.qp_num, q->qp->qp_num);
-    return c;
-}
-
 enum { SQ = 8, RECVS = 4, BEFORE = 14, AFTER = 3, SENDS = BEFORE + AFTER };
 
 static void every_wr_of_a_fatal_qp_completes_once_in_post_order(void)

@@ -13,15 +13,6 @@
 
 #include "support/spdk_world.h"
 
-static struct sqd_spdk_qp_counters counters(const struct spdk_rdma_provider_qp *q)
-{
-    struct sqd_spdk_qp_counters c;
-    memset(&c, 0, sizeof c);
-    c.size = sizeof c;
-    CHECK_EQ(sqd_spdk_qp_counters(q, &c), 0);
-    return c;
-}
-
 /* Four WRITEs fill a 4-deep SQ; a SEND waits in the backlog; the device then refuses SENDs. When the WRITEs
  * complete the provider posts the SEND, the device refuses it, and SPDK, whose flush took it, gets it as a
  * completion with IBV_WC_LOC_QP_OP_ERR and the errno; the first refusal is logged, later ones only counted. */

@@ -190,4 +190,16 @@ static inline struct sqd_queue_stats qstats(const struct spdk_rdma_provider_qp *
     return s;
 }
 
+/* The qpair's error-completion counters (sqd_spdk_qp_counters), checked to be of this size and this QP. */
+static inline struct sqd_spdk_qp_counters counters(const struct spdk_rdma_provider_qp *q)
+{
+    struct sqd_spdk_qp_counters c;
+    memset(&c, 0, sizeof c);
+    c.size = sizeof c;
+    CHECK_EQ(sqd_spdk_qp_counters(q, &c), 0);
+    CHECK_EQ(c.size, sizeof c);
+    CHECK_EQ(c.qp_num, q->qp->qp_num);
+    return c;
+}
+
 #endif
