@@ -39,7 +39,7 @@ export MIRIFLAGS="${MIRIFLAGS:--Zmiri-permissive-provenance}"
 start=$(date +%s)
 run() {
     echo "miri: cargo +$toolchain miri test $*"
-    cargo "+$toolchain" miri test --features capi,sim,scripted --no-fail-fast "$@"
+    cargo "+$toolchain" miri test --features capi --no-fail-fast "$@"
 }
 run --lib
 run --test queue on_scripted

@@ -13,10 +13,6 @@ pub mod cq;
 pub mod error;
 pub mod handle;
 pub mod queue;
-#[cfg(feature = "scripted")]
-pub mod scripted;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod srq;
 // Last: its declarations close include/sqdisc.h.
 pub mod device;
