@@ -337,3 +337,66 @@ pub fn record_error(message: &str) {
         set_last_error(text);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context address for the registry only: it is never dereferenced.
+    fn ctx(n: usize) -> *mut ibv_context {
+        (0x1000 * n) as *mut ibv_context
+    }
+
+    unsafe extern "C" fn hold(_device: *mut c_void, _object: *mut c_void) -> c_int {
+        0
+    }
+
+    #[test]
+    fn a_registered_device_is_found_until_unregistered() {
+        let ops = DeviceOps::empty(0x55 as *mut c_void);
+        // SAFETY: the ops have no functions; the context is never used.
+        unsafe { register(ctx(1), &ops) }.unwrap();
+        assert_eq!(lookup(ctx(1)).map(|o| o.device as usize), Some(0x55));
+        assert!(lookup(ctx(2)).is_none());
+        // SAFETY: as above.
+        let again = unsafe { register(ctx(1), &ops) }.unwrap_err();
+        assert_eq!(again.errno(), libc::EEXIST, "{again}");
+        // SAFETY: nothing of the context is torn down.
+        unsafe { unregister(ctx(1)) }.unwrap();
+        assert!(lookup(ctx(1)).is_none());
+        // SAFETY: as above.
+        let gone = unsafe { unregister(ctx(1)) }.unwrap_err();
+        assert_eq!(gone.errno(), libc::ENOENT, "{gone}");
+    }
+
+    #[test]
+    fn bad_registrations_are_refused_with_einval() {
+        let ops = DeviceOps::empty(std::ptr::null_mut());
+        // SAFETY: refused before anything is stored.
+        let null = unsafe { register(std::ptr::null_mut(), &ops) }.unwrap_err();
+        assert_eq!((null.errno(), null.message()), (libc::EINVAL, "ctx is NULL"));
+        let half = DeviceOps { hold: Some(hold), ..ops };
+        // SAFETY: refused before anything is stored.
+        let half = unsafe { register(ctx(3), &half) }.unwrap_err();
+        assert_eq!(half.errno(), libc::EINVAL, "{half}");
+        assert!(lookup(ctx(3)).is_none());
+        // SAFETY: nothing is registered for a NULL context.
+        assert_eq!(unsafe { unregister(std::ptr::null_mut()) }.unwrap_err().errno(), libc::EINVAL);
+    }
+
+    #[test]
+    fn a_recorded_error_is_the_last_error_of_the_thread() {
+        record_error("sim is NULL");
+        // SAFETY: the pointer is this thread's last error, valid until the next one.
+        assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap(), "sim is NULL");
+        record_error("a\0b");
+        // SAFETY: as above.
+        assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap(), "a b");
+        std::thread::spawn(|| {
+            // SAFETY: as above, on this thread.
+            assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_bytes(), b"");
+        })
+        .join()
+        .unwrap();
+    }
+}
