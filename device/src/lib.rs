@@ -296,7 +296,9 @@ pub unsafe fn unregister(ctx: *mut ibv_context) -> Result<(), Error> {
     }
 }
 
-/// The ops registered for `ctx`, if any.
+/// The ops registered for `ctx`, if any. `ctx` is only a key: neither this copy nor the canonical one
+/// dereferences it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn lookup(ctx: *mut ibv_context) -> Option<DeviceOps> {
     match canonical() {
         None => local_lookup(ctx),
