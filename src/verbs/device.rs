@@ -1,5 +1,5 @@
 //! The seam through which a software device reaches the library: one registry of [`DeviceOps`], keyed by the
-//! device's `struct ibv_context`, shared by every copy of the library's core in a process.
+//! device's `struct ibv_context`, shared by every copy of the seam in a process (sqdisc's and the devices').
 //!
 //! A provider loaded by libibverbs needs none of this. A device that only fills in a context's public ops table
 //! (the software HCA, test devices) registers here what libibverbs would otherwise reach through private driver
