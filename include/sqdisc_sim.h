@@ -18,6 +18,13 @@
 #define SQD_SIM_NULL 2
 
 /**
+ * `flags`: an arm (`ibv_req_notify_cq`) of a CQ that already holds a CQE the arm would fire for raises the
+ * completion event at once, as ConnectX HCAs do. Without it, only a CQE added after the arm fires: IBA's
+ * Request Completion Notification, and what rxe and siw do.
+ */
+#define SQD_SIM_ARM_PENDING 4
+
+/**
  * `rnr_retry` value meaning "retry forever" (IBA: an RNR retry count of 7 is infinite).
  */
 #define SQD_SIM_RNR_RETRY_FOREVER 7
@@ -159,7 +166,7 @@ struct sqd_sim_config {
      */
     uint32_t tx_per_step;
     /**
-     * `SQD_SIM_STRICT`, `SQD_SIM_NULL`.
+     * `SQD_SIM_STRICT`, `SQD_SIM_NULL`, `SQD_SIM_ARM_PENDING`.
      */
     uint32_t flags;
 };

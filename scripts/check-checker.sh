@@ -11,11 +11,15 @@
 #      than the checker.
 #   2c. programs the checker never attaches to (/bin/true, c-tests/check/track_only.c): the report at exit
 #      still comes, and says nothing was watched.
+#   2d. device_workload (c-tests/check/device_workload.c), linked only against libibverbs, on the sim device
+#      (`sqdisc-sim run`), plain and with the checker preloaded and no adapter: the same output byte for byte, a
+#      report naming every kind, and the daemon's own report naming the same QP and WQE.
 #   3. The demo (examples/demo.c) under the checker, seeds 1 to 5 at depths 4 to 64: for the raw ULP, every violation the sim
 #      logs of a kind a checker rule covers is reported by the checker too, on the same QP and WQE; for the
 #      sqdisc ULP, no violation at all; and the demo's output (but its wall time) is the same as without it.
-# c-tests/check/sim_shim.c tells the checker about the sim's objects (the sim does not make them through
-# libibverbs' constructors); docs/check.md explains it.
+# c-tests/check/sim_shim.c tells the checker about the objects of the in-process sim (a program using
+# sqdisc_sim.h makes them without libibverbs' constructors); docs/check.md explains it. On the sim device (2d)
+# nothing of the kind is needed.
 # usage: check-checker.sh STAGE_DIR LIBDIR_IN_STAGE
 set -euo pipefail
 
@@ -190,6 +194,59 @@ if "$CC" "${CFLAGS_STRICT[@]}" "${both_cflags[@]}" "$src/track_only.c" -o "$out/
     fi
 else
     fail "track_only: build" "$out/track_only.build"
+fi
+
+# ---- 2d. on the sim device, with no adapter -------------------------------------------------------------------
+# c-tests/check/device_workload.c links only libibverbs and finds the sim as the device sqd_sim0 (the daemon
+# and its preload library, `sqdisc-sim run`): the checker is preloaded as into any program, with nothing that
+# tells it about the sim. Each run has a daemon of its own, so that QP numbers are the same in both outputs.
+sim_cmd=$stage${libdir%/lib}/bin/sqdisc-sim
+if [ ! -x "$sim_cmd" ]; then
+    fail "device_workload: no $sim_cmd in the stage"
+elif "$CC" "${CFLAGS_STRICT[@]}" "$src/device_workload.c" -o "$out/device_workload" -libverbs \
+    > "$out/device_workload.build" 2>&1; then
+    sim_run() { # OUTPUT [ENV=VALUE...]: device_workload under a daemon of its own, then the daemon's report
+        local output=$1 rc=0
+        shift
+        SQDISC_SIM_SOCKET=$out/simdev/socket timeout 15 "$sim_cmd" stop > /dev/null 2>&1 || true
+        env SQDISC_SIM_SOCKET="$out/simdev/socket" "$@" timeout -k 2 60 "$sim_cmd" run -- "$out/device_workload" \
+            > "$output" 2>&1 || rc=$?
+        SQDISC_SIM_SOCKET=$out/simdev/socket timeout 15 "$sim_cmd" report > "$output.sim" 2>&1 || true
+        SQDISC_SIM_SOCKET=$out/simdev/socket timeout 15 "$sim_cmd" stop > /dev/null 2>&1 || true
+        return $rc
+    }
+    if ! sim_run "$out/device.plain"; then
+        fail "device_workload [plain]" "$out/device.plain"
+    elif sim_run "$out/device.checked" LD_PRELOAD="$checker" SQDISC_CHECK_REPORT="$out/device.report.%p" \
+        SQDISC_CHECK_SAMPLE=1 SQDISC_CHECK_IDLE_MS=10; then
+        if cmp -s "$out/device.plain" "$out/device.checked"; then
+            pass "device_workload on the sim device: the same output with the checker preloaded ($(wc -l < "$out/device.plain") lines)"
+        else
+            diff "$out/device.plain" "$out/device.checked" > "$out/device.diff" || true
+            fail "device_workload on the sim device: the checker changed what the program saw" "$out/device.diff"
+        fi
+        # One report per process: the program's is the one that watched something (`sqdisc-sim run` gets one too).
+        rep=$(grep -L '^nothing watched' "$out"/device.report.* 2>/dev/null | head -n 1)
+        if [ -n "$rep" ]; then
+            report_counts "$rep" "device_workload on the sim device: the report names every kind" "device_workload" \
+                "SQ overflow" "unsignaled run" "idle unsignaled tail" "CQ undersized" "MR invalidated while in use" \
+                "unfenced LocalInv" "source modified while in flight" "flush of an unsignaled WQE"
+        else
+            fail "device_workload on the sim device: no report of the program" "$out/device.checked"
+        fi
+        # The device's own oracle saw the two invalidations of an MR in use too, on the same QP and WQE.
+        if grep -q 'qp 0x202 wqe 1: MR invalidated while in use: LOCAL_INV' "$out/device.checked.sim" \
+            && grep -q 'qp 0x202 wqe 4: MR invalidated while in use: ibv_dereg_mr' "$out/device.checked.sim" \
+            && grep -q 'qp 0x202 wqe #4: MR invalidated while in use: ibv_dereg_mr' "$rep"; then
+            pass "device_workload on the sim device: the daemon's report and the checker's name the same QP and WQE"
+        else
+            fail "device_workload on the sim device: the daemon's report" "$out/device.checked.sim"
+        fi
+    else
+        fail "device_workload [checker preloaded]" "$out/device.checked"
+    fi
+else
+    fail "device_workload: build" "$out/device_workload.build"
 fi
 
 # ---- 3. the demo ---------------------------------------------------------------------------------------------

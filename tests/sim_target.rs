@@ -407,6 +407,41 @@ fn an_armed_cq_queues_one_event_on_its_channel_for_the_next_cqe_only() {
 }
 
 #[test]
+fn with_arm_pending_an_arm_over_unpolled_cqes_fires_at_once() {
+    let mut config = cfg();
+    config.flags |= SQD_SIM_ARM_PENDING;
+    let c = chan(config);
+    // SAFETY: a live channel.
+    let fd = unsafe { (*c.ch).fd };
+    arm(c.cq, false);
+    assert!(!readable(fd), "an empty CQ: nothing to fire for");
+    c.write(1);
+    c.p.dev.run_until_idle(100).unwrap();
+    assert_eq!(c.event(), Some((c.cq, 0xc0ffee)));
+    // The CQE is still unpolled: the next arm fires at once, and only once.
+    arm(c.cq, false);
+    assert!(readable(fd), "an arm over an unpolled CQE fires at once");
+    assert_eq!(c.event(), Some((c.cq, 0xc0ffee)));
+    assert!(c.event().is_none());
+    c.write(2);
+    c.p.dev.run_until_idle(100).unwrap();
+    assert!(c.event().is_none(), "one shot: the arm was spent");
+    assert_eq!(poll(c.cq, 8).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1, 2]);
+    // Polled empty: an arm waits for the next CQE again.
+    arm(c.cq, false);
+    assert!(c.event().is_none());
+    c.write(3);
+    c.p.dev.run_until_idle(100).unwrap();
+    assert_eq!(c.event(), Some((c.cq, 0xc0ffee)));
+    // A solicited-only arm is not fired by a pending plain send completion.
+    c.write(4);
+    c.p.dev.run_until_idle(100).unwrap();
+    arm(c.cq, true);
+    assert!(c.event().is_none(), "no pending CQE is solicited or failed");
+    c.p.dev.ack_cq_events(c.cq, 3).unwrap();
+}
+
+#[test]
 fn a_pending_event_is_discarded_with_its_cq_and_rearming_is_idempotent() {
     let c = chan(cfg());
     // SAFETY: a live channel.

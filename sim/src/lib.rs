@@ -95,6 +95,10 @@ pub const SQD_SIM_STRICT: u32 = 1;
 /// the CQ's capacity and the SQ slot rule); no data moves and no peer is needed. For measuring a ULP's or the
 /// library's own cost.
 pub const SQD_SIM_NULL: u32 = 2;
+/// `flags`: an arm (`ibv_req_notify_cq`) of a CQ that already holds a CQE the arm would fire for raises the
+/// completion event at once, as ConnectX HCAs do. Without it, only a CQE added after the arm fires: IBA's
+/// Request Completion Notification, and what rxe and siw do.
+pub const SQD_SIM_ARM_PENDING: u32 = 4;
 
 /// `rnr_retry` value meaning "retry forever" (IBA: an RNR retry count of 7 is infinite).
 pub const SQD_SIM_RNR_RETRY_FOREVER: u32 = 7;
@@ -172,7 +176,7 @@ pub struct SimConfig {
     pub steps_per_poll: u32,
     /// Send WQEs a QP transmits (or executes, for local ones) per step.
     pub tx_per_step: u32,
-    /// `SQD_SIM_STRICT`, `SQD_SIM_NULL`.
+    /// `SQD_SIM_STRICT`, `SQD_SIM_NULL`, `SQD_SIM_ARM_PENDING`.
     pub flags: u32,
 }
 

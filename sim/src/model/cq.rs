@@ -17,6 +17,8 @@ pub(super) struct CqEntry {
     wc: ibv_wc,
     pub(super) qpn: u32,
     pub(super) origin: Origin,
+    /// Would fire a solicited-only arm: a receive of a solicited message, or an unsuccessful completion.
+    fires_solicited: bool,
 }
 
 pub(super) struct CqModel {
@@ -107,7 +109,7 @@ impl Model {
             return;
         }
         let failed = wc.status != SUCCESS;
-        cq.entries.push_back(CqEntry { wc, qpn: q.qpn, origin });
+        cq.entries.push_back(CqEntry { wc, qpn: q.qpn, origin, fires_solicited: solicited || failed });
         cq.max_queued = cq.max_queued.max(cq.entries.len());
         if !cq.changed {
             cq.changed = true;
@@ -219,9 +221,6 @@ impl Model {
         Ok(())
     }
 
-    /// `ibv_req_notify_cq`: arms the CQ for its next CQE (or next solicited one). One shot. A request for any
-    /// CQE takes precedence over a pending solicited-only one (IBA's Request Completion Notification).
-    /// CQEs already in the CQ do not count: only one added afterwards fires.
     /// Hands each CQ that got a CQE since the last call to `f`, with the CQEs it holds now.
     pub(crate) fn take_cq_changes(&mut self, mut f: impl FnMut(*mut ibv_cq, usize)) {
         for k in std::mem::take(&mut self.cq_changed) {
@@ -237,10 +236,31 @@ impl Model {
         self.cqs.get(&key(cq)).map(|c| c.entries.len())
     }
 
+    /// `ibv_req_notify_cq`: arms the CQ for its next CQE (or next solicited one). One shot. A request for any
+    /// CQE takes precedence over a pending solicited-only one (IBA's Request Completion Notification).
+    /// CQEs already in the CQ do not count: only one added afterwards fires.
+    ///
+    /// With `SQD_SIM_ARM_PENDING`, an arm of a CQ that already holds a CQE it would fire for fires at once, as
+    /// ConnectX HCAs do (the arm carries the consumer index, and the HCA raises the event when CQEs lie beyond
+    /// it). IBA leaves that open; a program that takes one CQE per event and re-arms before it polls the rest
+    /// waits forever without it.
     pub(crate) fn arm(&mut self, cq: *mut ibv_cq, solicited_only: bool) -> Result<()> {
-        let cq = self.cqs.get_mut(&key(cq)).ok_or_else(|| Error::invalid("cq is not a CQ of this sim device"))?;
+        let arm_pending = self.arm_pending();
+        let cq_key = key(cq);
+        let cq = self.cqs.get_mut(&cq_key).ok_or_else(|| Error::invalid("cq is not a CQ of this sim device"))?;
         cq.arms += 1;
-        cq.armed = Some(solicited_only && cq.armed.unwrap_or(true));
+        let solicited_only = solicited_only && cq.armed.unwrap_or(true);
+        let fire_now = arm_pending && cq.entries.iter().any(|e| !solicited_only || e.fires_solicited);
+        if !fire_now {
+            cq.armed = Some(solicited_only);
+            return Ok(());
+        }
+        cq.armed = None;
+        if let Some(ch) = cq.channel.and_then(|c| self.channels.get_mut(&c)) {
+            self.stats.comp_events += 1;
+            ch.events.push_back(cq_key);
+            ch.sync_fd();
+        }
         Ok(())
     }
 

@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use rdma_sys::{ibv_context, ibv_pd, ibv_qp};
 
 use super::events::{AsyncEvent, ChannelModel, EventFd};
-use super::{SimConfig, SimStats, Violation, SQD_SIM_NULL, SQD_SIM_STRICT};
+use super::{SimConfig, SimStats, Violation, SQD_SIM_ARM_PENDING, SQD_SIM_NULL, SQD_SIM_STRICT};
 use crate::{Error, Result};
 use cq::CqModel;
 use mr::MrModel;
@@ -79,8 +79,9 @@ pub(crate) fn check_config(c: &SimConfig) -> Result<()> {
             c.loss_ppm, c.ack_loss_ppm
         )));
     }
-    if c.flags & !(SQD_SIM_STRICT | SQD_SIM_NULL) != 0 {
-        return Err(Error::invalid(format!("unknown flags {:#x}", c.flags & !(SQD_SIM_STRICT | SQD_SIM_NULL))));
+    let known = SQD_SIM_STRICT | SQD_SIM_NULL | SQD_SIM_ARM_PENDING;
+    if c.flags & !known != 0 {
+        return Err(Error::invalid(format!("unknown flags {:#x}", c.flags & !known)));
     }
     Ok(())
 }
@@ -165,6 +166,10 @@ impl Model {
 
     fn strict(&self) -> bool {
         self.cfg.flags & SQD_SIM_STRICT != 0
+    }
+
+    fn arm_pending(&self) -> bool {
+        self.cfg.flags & SQD_SIM_ARM_PENDING != 0
     }
 
     pub(crate) fn now(&self) -> u64 {

@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_STRICT};
+use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_ARM_PENDING, SQD_SIM_STRICT};
 use sqdisc_sim_proto::{decode, encode, recv_message, send_message, DeviceSettings, Reply, Request, ViolationInfo, PROTOCOL_VERSION};
 
 use crate::server::Server;
@@ -44,6 +44,7 @@ fn device_settings(s: &Settings) -> DeviceSettings {
         retrans_timeout: s.retrans_timeout,
         rnr_delay: s.rnr_delay,
         strict: s.strict,
+        arm_pending: s.arm_pending,
     }
 }
 
@@ -71,7 +72,7 @@ pub fn daemon(socket: &Path, settings: Settings) -> Result<ExitCode> {
         ack_loss_ppm: settings.ack_loss_ppm,
         retrans_timeout: settings.retrans_timeout,
         rnr_delay: settings.rnr_delay,
-        flags: if settings.strict { SQD_SIM_STRICT } else { 0 },
+        flags: if settings.strict { SQD_SIM_STRICT } else { 0 } | if settings.arm_pending { SQD_SIM_ARM_PENDING } else { 0 },
         ..SimConfig::default()
     };
     let dev = SimDevice::new(&config).map_err(|e| format!("bad settings: {}", e.message()))?;
@@ -164,6 +165,9 @@ fn spawn(socket: &Path, s: Settings) -> Result<u32> {
     cmd.args(["--retrans-timeout", &s.retrans_timeout.to_string(), "--rnr-delay", &s.rnr_delay.to_string(), "--tick-us", &s.tick_us.to_string()]);
     if s.strict {
         cmd.arg("--strict");
+    }
+    if s.arm_pending {
+        cmd.arg("--arm-pending");
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
     // The daemon outlives this command and the program it runs: its own session, no controlling terminal.

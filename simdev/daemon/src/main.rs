@@ -92,6 +92,10 @@ pub struct Settings {
     /// Log a post into a full SQ or RQ as a violation too.
     #[arg(long, env = "SQDISC_SIM_STRICT")]
     strict: bool,
+    /// Arming a CQ that holds unpolled CQEs raises its completion event at once, as ConnectX HCAs do (without
+    /// it, only a CQE added after the arm fires: IBA's rule, and rxe's and siw's).
+    #[arg(long, env = "SQDISC_SIM_ARM_PENDING")]
+    arm_pending: bool,
     /// Microseconds of wall time per step while something is in flight and no program polls.
     #[arg(long, env = "SQDISC_SIM_TICK_US", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     tick_us: u64,

@@ -25,7 +25,7 @@ pub use shm::SharedCounter;
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a message changes shape; a daemon refuses a client of another version.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The most CQEs one `PollCq` returns.
 pub const MAX_POLL: u32 = 1024;
@@ -117,6 +117,7 @@ pub struct DeviceSettings {
     pub retrans_timeout: u32,
     pub rnr_delay: u32,
     pub strict: bool,
+    pub arm_pending: bool,
 }
 
 /// A request from a client to the daemon.
