@@ -22,7 +22,8 @@
 //! opened with `dlopen(RTLD_LOCAL)`, a Rust program) or finds its own keeps its own table. Which table a copy
 //! uses is decided once: a libsqdisc opened with `RTLD_GLOBAL` after a copy's first use of the registry is not
 //! seen by that copy. A copy whose library exports the C functions says so first ([`claim_exports`]), so that it
-//! recognises its own.
+//! recognises its own; one that is told too late (a library holding both sqdisc's C layer and a device, whose
+//! device registers first) sees its forwarded call come back to it on the same thread and uses its own table.
 //!
 //! The same resolution carries the messages of a copy's failing C functions (libsqdisc_sim's `sqd_sim_*`):
 //! [`record_error`] hands them to the canonical copy's `sqd_device_set_error`, so that the `sqd_last_error()` a
@@ -34,7 +35,7 @@
 #![deny(rust_2018_idioms)]
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -257,6 +258,27 @@ fn canonical() -> Option<Canonical> {
     *CANONICAL.get_or_init(resolve_canonical)
 }
 
+thread_local! {
+    /// Set while this copy's call into the canonical copy runs on this thread.
+    static FORWARDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Where this copy's calls go: the canonical copy, unless this thread is already inside one of this copy's
+/// forwarded calls. Then the canonical functions came back here: they are this copy's own, exported by a library
+/// that did not claim them before its first use of the registry (one holding both sqdisc's C layer and the sim),
+/// and this copy's table is the one, instead of a recursion without end.
+fn forward_target() -> Option<Canonical> {
+    canonical().filter(|_| !FORWARDING.with(Cell::get))
+}
+
+/// Runs `call` (a call of the canonical copy's functions) marked as forwarded on this thread.
+fn forwarded<R>(call: impl FnOnce() -> R) -> R {
+    FORWARDING.with(|f| f.set(true));
+    let result = call();
+    FORWARDING.with(|f| f.set(false));
+    result
+}
+
 fn foreign_error(call: &str, rc: c_int) -> Error {
     Error::new(rc.saturating_neg().max(1), format!("{call} of the process's device registry failed ({rc})"))
 }
@@ -273,9 +295,12 @@ pub unsafe fn register(ctx: *mut ibv_context, ops: &DeviceOps) -> Result<(), Err
     if ops.hold.is_some() != ops.release.is_some() {
         return Err(Error::invalid("ops.hold and ops.release must be both set or both None"));
     }
-    let Some(c) = canonical() else { return local_register(ctx, ops) };
+    if ctx.is_null() {
+        return Err(Error::invalid("ctx is NULL"));
+    }
+    let Some(c) = forward_target() else { return local_register(ctx, ops) };
     // SAFETY: the canonical function of this name, given a valid struct; the caller's promise covers `ops`.
-    match unsafe { (c.register)(ctx, &ops) } {
+    match forwarded(|| unsafe { (c.register)(ctx, &ops) }) {
         0 => Ok(()),
         rc => Err(foreign_error("sqd_device_register", rc)),
     }
@@ -288,9 +313,12 @@ pub unsafe fn register(ctx: *mut ibv_context, ops: &DeviceOps) -> Result<(), Err
 /// Those calls work on `ctx`'s objects (its provider implements them), or the library tears none of them down
 /// after this: a software device's objects handed to `ibv_dereg_mr` or `ibv_destroy_srq` are undefined behaviour.
 pub unsafe fn unregister(ctx: *mut ibv_context) -> Result<(), Error> {
-    let Some(c) = canonical() else { return local_unregister(ctx) };
+    if ctx.is_null() {
+        return Err(Error::invalid("ctx is NULL"));
+    }
+    let Some(c) = forward_target() else { return local_unregister(ctx) };
     // SAFETY: the canonical function of this name; the caller's promise covers `ctx`.
-    match unsafe { (c.unregister)(ctx) } {
+    match forwarded(|| unsafe { (c.unregister)(ctx) }) {
         0 => Ok(()),
         rc => Err(foreign_error("sqd_device_unregister", rc)),
     }
@@ -300,13 +328,13 @@ pub unsafe fn unregister(ctx: *mut ibv_context) -> Result<(), Error> {
 /// dereferences it.
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn lookup(ctx: *mut ibv_context) -> Option<DeviceOps> {
-    match canonical() {
+    match forward_target() {
         None => local_lookup(ctx),
         Some(c) => {
             let mut out = DeviceOps::empty(std::ptr::null_mut());
             // SAFETY: the canonical function of this name; `out` is a valid, writable struct whose `size` says
             // how much of it may be written.
-            (unsafe { (c.lookup)(ctx, &mut out) } == 1).then_some(out)
+            (forwarded(|| unsafe { (c.lookup)(ctx, &mut out) }) == 1).then_some(out)
         }
     }
 }
@@ -331,10 +359,10 @@ pub fn last_error_ptr() -> *const c_char {
 /// its `sqd_device_set_error`) when this copy is not the canonical one, else this copy's.
 pub fn record_error(message: &str) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    if let Some(set_error) = canonical().and_then(|c| c.set_error) {
+    if let Some(set_error) = forward_target().and_then(|c| c.set_error) {
         // SAFETY: the canonical function of this name, given a NUL-terminated string that outlives the call (it
         // copies the text).
-        unsafe { set_error(text.as_ptr()) };
+        forwarded(|| unsafe { set_error(text.as_ptr()) });
     } else {
         set_last_error(text);
     }
@@ -343,6 +371,46 @@ pub fn record_error(message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The C functions a library holding this copy would export (sqdisc's `sqd_device_*`), over this copy.
+    unsafe extern "C" fn exported_register(ctx: *mut ibv_context, ops: *const DeviceOps) -> c_int {
+        // SAFETY: the registry's callers pass a valid struct and keep `register`'s contract.
+        unsafe { register(ctx, &*ops) }.map_or_else(|e| -e.errno(), |()| 0)
+    }
+    unsafe extern "C" fn exported_unregister(ctx: *mut ibv_context) -> c_int {
+        // SAFETY: as the registry's callers promise.
+        unsafe { unregister(ctx) }.map_or_else(|e| -e.errno(), |()| 0)
+    }
+    unsafe extern "C" fn exported_lookup(ctx: *mut ibv_context, out: *mut DeviceOps) -> c_int {
+        match lookup(ctx) {
+            Some(ops) => {
+                // SAFETY: a valid, writable struct (the registry's callers' promise).
+                unsafe { out.write(ops) };
+                1
+            }
+            None => 0,
+        }
+    }
+    unsafe extern "C" fn exported_set_error(message: *const c_char) -> c_int {
+        // SAFETY: a NUL-terminated string (the registry's callers' promise).
+        set_last_error(unsafe { CStr::from_ptr(message) }.to_owned());
+        0
+    }
+
+    /// Every test first makes this copy resolve the registry to its own exported functions, as a library that
+    /// holds both sqdisc's C layer and a device, and exports them, would when the device registers first: each
+    /// call must come back to this copy's table once, not forward to itself for ever.
+    fn exported_by_this_copy() {
+        CANONICAL.get_or_init(|| {
+            Some(Canonical {
+                register: exported_register,
+                unregister: exported_unregister,
+                lookup: exported_lookup,
+                set_error: Some(exported_set_error),
+            })
+        });
+        assert!(canonical().is_some());
+    }
 
     /// A context address for the registry only: it is never dereferenced.
     fn ctx(n: usize) -> *mut ibv_context {
@@ -355,6 +423,7 @@ mod tests {
 
     #[test]
     fn a_registered_device_is_found_until_unregistered() {
+        exported_by_this_copy();
         let ops = DeviceOps::empty(0x55 as *mut c_void);
         // SAFETY: the ops have no functions; the context is never used.
         unsafe { register(ctx(1), &ops) }.unwrap();
@@ -373,6 +442,7 @@ mod tests {
 
     #[test]
     fn bad_registrations_are_refused_with_einval() {
+        exported_by_this_copy();
         let ops = DeviceOps::empty(std::ptr::null_mut());
         // SAFETY: refused before anything is stored.
         let null = unsafe { register(std::ptr::null_mut(), &ops) }.unwrap_err();
@@ -388,6 +458,7 @@ mod tests {
 
     #[test]
     fn a_recorded_error_is_the_last_error_of_the_thread() {
+        exported_by_this_copy();
         record_error("sim is NULL");
         // SAFETY: the pointer is this thread's last error, valid until the next one.
         assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap(), "sim is NULL");
