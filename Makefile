@@ -37,14 +37,15 @@ LIB_SONAME := $(LIB_SO).$(MAJOR)
 LIB_REAL := $(LIB_SO).$(VERSION)
 LIB_A := libsqdisc.a
 
-# libsqdisc_sim, the software HCA's C library (src/sim, src/capi/sim.rs): versioned on its own, here.
-SIM_VERSION := 0.1.0
+# libsqdisc_sim, the software HCA's C library (sim/, the crate sqdisc-sim; sim/src/capi/sim.rs): versioned on its
+# own, in sim/Cargo.toml.
+SIM_VERSION := $(shell awk -F'"' '/^\[/ { pkg = ($$0 == "[package]") } pkg && /^version *=/ { print $$2; exit }' sim/Cargo.toml)
 SIM_MAJOR := $(word 1,$(subst ., ,$(SIM_VERSION)))
 SIM_SO := libsqdisc_sim.so
 SIM_SONAME := $(SIM_SO).$(SIM_MAJOR)
 SIM_REAL := $(SIM_SO).$(SIM_VERSION)
 SIM_A := libsqdisc_sim.a
-# libsqdisc_scripted, the scripted test device's C library (src/scripted, src/capi/scripted.rs): for this
+# libsqdisc_scripted, the scripted test device's C library (sim/src/scripted, sim/src/capi/scripted.rs): for this
 # repository's C tests only, never installed; its header is c-tests/support/sqdisc_scripted.h.
 SCRIPTED_LIBDIR := $(BUILD)/test/lib
 
@@ -156,8 +157,8 @@ endef
 # One cargo invocation builds the crate's static library, and only that: rustc's own link of a cdylib would
 # fail on the symbol versions that --cfg sqdisc_symbol_versions assembles (src/capi/compat.rs), having no
 # node for them. rustc's note on the native libraries a static link needs (replayed by cargo when nothing was
-# rebuilt) becomes the Libs.private of sqdisc.pc. The archive is copied at once: the build with the test devices
-# (sim-cargo-release) writes the same path.
+# rebuilt) becomes the Libs.private of sqdisc.pc. The archive is copied at once, so that nothing else that cargo
+# writes to the same path can change it under the rules below.
 cargo-release:
 	@mkdir -p $(BUILD)/obj
 	$(CARGO) rustc --release --lib --features capi --crate-type staticlib -- --cfg sqdisc_symbol_versions --print native-static-libs 2>&1 \
@@ -200,19 +201,21 @@ $(BUILD)/lib/$(LIB_A): $(BUILD)/obj/sqdisc-merged.o
 
 # ---- libsqdisc_sim and the test-only libsqdisc_scripted ---------------------------------------------------
 
-# A second staticlib of the crate, with the test devices (features capi,sim,scripted; no symbol versions), merged
-# into one object as above. libsqdisc_sim keeps global only its sqd_sim_* functions and libsqdisc_scripted only
-# sqd_scripted_*: the copy of the core and of the C layer they carry stays local. At run time that copy finds
-# libsqdisc's device registry and last error through the first sqd_device_* in global scope (src/verbs/device.rs):
+# The staticlib of the crate of the test devices (sim/, sqdisc-sim, features capi,scripted), which does not
+# depend on sqdisc: no copy of the core is in it. Merged into one object as above; libsqdisc_sim keeps global
+# only its sqd_sim_* functions and libsqdisc_scripted only sqd_scripted_*, the Rust code they carry (the
+# model, the standard library, the device seam's crate) stays local. At run time the seam's copy finds
+# libsqdisc's device registry and last error through the first sqd_device_* in global scope (device/src/lib.rs):
 # the shared libraries need libsqdisc.so (DT_NEEDED); a static link exports the program's sqd_device_*
-# (sqdisc_sim.pc's Libs.private). After cargo-release, which copies its own archive first.
+# (sqdisc_sim.pc's Libs.private).
 sim-lib: $(BUILD)/lib/$(SIM_REAL) $(BUILD)/lib/$(SIM_A) $(BUILD)/sqdisc_sim.pc
 scripted-lib: $(SCRIPTED_LIBDIR)/libsqdisc_scripted.so $(SCRIPTED_LIBDIR)/libsqdisc_scripted.a
 
-sim-cargo-release: cargo-release
-	$(CARGO) rustc --release --lib --features capi,sim,scripted --crate-type staticlib -- --print native-static-libs 2>&1 \
+sim-cargo-release:
+	@mkdir -p $(BUILD)/obj
+	$(CARGO) rustc -p sqdisc-sim --release --lib --features capi,scripted --crate-type staticlib -- --print native-static-libs 2>&1 \
 		| tee $(BUILD)/sim-cargo-release.log
-	cp -f $(RELEASE_DIR)/$(LIB_A) $(BUILD)/obj/libsqdisc-devices.a
+	cp -f $(RELEASE_DIR)/$(SIM_A) $(BUILD)/obj/libsqdisc-devices.a
 	$(call native_static_libs,sim-cargo-release.log,sim-native-static-libs,-libverbs)
 
 $(BUILD)/obj/sqdisc_devices-merged.o: sim-cargo-release
@@ -233,9 +236,9 @@ $(BUILD)/obj/sqdisc_sim.o: $(BUILD)/obj/sqdisc_devices-merged.o
 $(BUILD)/obj/sqdisc_scripted.o: $(BUILD)/obj/sqdisc_devices-merged.o
 	$(call device_object,sqd_scripted_)
 
-$(BUILD)/lib/$(SIM_REAL): $(BUILD)/obj/sqdisc_sim.o src/sim/sqdisc_sim.map $(BUILD)/lib/$(LIB_REAL)
+$(BUILD)/lib/$(SIM_REAL): $(BUILD)/obj/sqdisc_sim.o sim/sqdisc_sim.map $(BUILD)/lib/$(LIB_REAL)
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $< -Wl,-soname,$(SIM_SONAME) -Wl,--version-script=$(CURDIR)/src/sim/sqdisc_sim.map \
+	$(CC) -shared -o $@ $< -Wl,-soname,$(SIM_SONAME) -Wl,--version-script=$(CURDIR)/sim/sqdisc_sim.map \
 		-Wl,-z,relro,-z,now -Wl,--gc-sections $$(cat $(BUILD)/sim-native-static-libs) \
 		-Wl,--no-as-needed -L$(BUILD)/lib -lsqdisc -libverbs
 	ln -sfn $(SIM_REAL) $(@D)/$(SIM_SONAME)
@@ -258,7 +261,7 @@ $(SCRIPTED_LIBDIR)/libsqdisc_scripted.a: $(BUILD)/obj/sqdisc_scripted.o
 	rm -f $@ && $(AR) rcs $@ $<
 
 check-sim-symbols: sim-lib
-	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
+	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map sim/sqdisc_sim.map --header sqdisc_sim.h \
 		$(BUILD)/lib/$(SIM_REAL) $(BUILD)/lib/$(SIM_A) include
 
 # ---- libsqdisc_spdk --------------------------------------------------------------------------------------
@@ -417,7 +420,7 @@ check-headers:
 # ---- checks ----------------------------------------------------------------------------------------------
 
 test:
-	$(CARGO) test --workspace --features sqdisc/capi,sqdisc/sim,sqdisc/scripted --no-fail-fast
+	$(CARGO) test --workspace --features sqdisc/capi,sqdisc-sim/capi,sqdisc-sim/scripted --no-fail-fast
 
 check-rlib-symbols:
 	CARGO='$(CARGO)' bash scripts/check-rlib-symbols.sh
@@ -433,7 +436,7 @@ stage:
 check-installed-symbols:
 	bash scripts/check-symbols.sh --soname $(LIB_SONAME) $(STAGE)$(STAGE_LIBDIR)/$(LIB_SO) \
 		$(STAGE)$(STAGE_LIBDIR)/$(LIB_A) $(STAGE)$(STAGE_PREFIX)/include
-	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map src/sim/sqdisc_sim.map --header sqdisc_sim.h \
+	bash scripts/check-symbols.sh --soname $(SIM_SONAME) --map sim/sqdisc_sim.map --header sqdisc_sim.h \
 		$(STAGE)$(STAGE_LIBDIR)/$(SIM_SO) $(STAGE)$(STAGE_LIBDIR)/$(SIM_A) $(STAGE)$(STAGE_PREFIX)/include
 
 # Unmodified verbs programs (ibv_*_pingpong, perftest, and through librdmacm rping, ucmatose, rdma_server and

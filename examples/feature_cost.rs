@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use rdma_sys::{ibv_qp_init_attr, ibv_qp_type, ibv_send_wr, ibv_sge, ibv_wc};
-use sqdisc::sim::{SimConfig, SimDevice, SQD_SIM_NULL};
+use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_NULL};
 use sqdisc::verbs::{CqHandle, QpHandle, SendChain};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler};
 

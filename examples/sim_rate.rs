@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
-use sqdisc::sim::{SimConfig, SimConnAttr, SimDevice};
+use sqdisc_sim::{SimConfig, SimConnAttr, SimDevice};
 
 const SIZE: u32 = 64;
 const TX_DEPTH: u64 = 128;

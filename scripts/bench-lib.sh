@@ -52,7 +52,7 @@ per_wr() { awk -v f="$1" -v z="$2" -v n="$3" 'BEGIN { printf "%.1f", (f - z) / n
 kv() { tr ' ' '\n' <<< "$2" | sed -n "s/^$1=//p"; }
 
 # The callgrind options that count only the software HCA's ops (its post_send, poll_cq...), inclusive.
-SIM_ONLY=('--toggle-collect=sqdisc::sim::ops::*')
+SIM_ONLY=('--toggle-collect=sqdisc_sim::ops::*')
 
 # cg_per_wr N [valgrind options] -- ARGS   (I(2N) - I(N)) / N for sqd_bench ARGS: the setup, the warm-up and the
 #                                          teardown are in both runs and cancel out

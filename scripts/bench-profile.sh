@@ -9,7 +9,7 @@
 # provider_ops PROVIDER: the provider's post_send and poll_cq as callgrind names them.
 provider_ops() {
     case $1 in
-        sim) echo "sqdisc::sim::ops::post_send sqdisc::sim::ops::poll_cq" ;;
+        sim) echo "sqdisc_sim::ops::post_send sqdisc_sim::ops::poll_cq" ;;
         null) echo "null_post_send null_poll_cq" ;;
         *) echo "bench: unknown provider $1" >&2; exit 1 ;;
     esac

@@ -23,7 +23,7 @@ for tool in ib_send_bw ib_send_lat; do
 done
 
 ${CARGO:-cargo} build -q --release -p sqdisc-sim-daemon -p sqdisc-sim-preload
-${CARGO:-cargo} build -q --release --features sim --example sim_rate
+${CARGO:-cargo} build -q --release --example sim_rate
 target=${CARGO_TARGET_DIR:-target}/release
 sim=$target/sqdisc-sim
 export SQDISC_SIM_PRELOAD=$root/$target/libsqdisc_sim_preload.so

@@ -90,14 +90,14 @@ for q in "${SCALE_QUEUES[@]}"; do
     pf=$(cg_total --toggle-collect=sqd_cq_poll -- "${args[@]}" -n "$N")
     pz=$(cg_total --toggle-collect=sqd_cq_poll -- "${args[@]}" -n 0)
     # Toggling on sqd_cq_poll and again on the sim's poll_cq inside it counts sqd_cq_poll without the sim.
-    ef=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc::sim::ops::poll_cq' -- "${args[@]}" -n "$N")
-    ez=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc::sim::ops::poll_cq' -- "${args[@]}" -n 0)
+    ef=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc_sim::ops::poll_cq' -- "${args[@]}" -n "$N")
+    ez=$(cg_total --toggle-collect=sqd_cq_poll '--toggle-collect=sqdisc_sim::ops::poll_cq' -- "${args[@]}" -n 0)
     poll[$q]=$(per_wr "$pf" "$pz" "$N")
     poll_excl[$q]=$(per_wr "$ef" "$ez" "$N")
     # Simulated cache misses (callgrind's cache model) inside sqd_cq_poll, without the sim: D1 and LL, per CQE.
     cache() {
         valgrind --tool=callgrind --callgrind-out-file=/dev/null --cache-sim=yes --toggle-collect=sqd_cq_poll \
-            '--toggle-collect=sqdisc::sim::ops::poll_cq' "$bin/sqd_bench" "${args[@]}" -n "$1" 2>&1 >/dev/null \
+            '--toggle-collect=sqdisc_sim::ops::poll_cq' "$bin/sqd_bench" "${args[@]}" -n "$1" 2>&1 >/dev/null \
             | sed -n 's/.*Collected : //p'
     }
     read -r -a cf <<< "$(cache "$N")"

@@ -15,7 +15,7 @@ spdk_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *
 spdk_major=${spdk_version%%.*}
 check_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' check/Cargo.toml)
 check_major=${check_version%%.*}
-sim_version=$(awk -F':= ' '/^SIM_VERSION :=/ { print $2; exit }' Makefile)
+sim_version=$(awk -F'"' '/^\[/ { pkg = ($0 == "[package]") } pkg && /^version *=/ { print $2; exit }' sim/Cargo.toml)
 sim_major=${sim_version%%.*}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -7,7 +7,7 @@
 # carry its map node as its version: the node that names it last is its default version (name@@NODE), an
 # earlier node naming it too is an older version kept for binaries linked against it (name@NODE).
 # libsqdisc's headers are INCLUDE_DIR/*.h but those of the other libraries; --header NAME (repeatable) checks a
-# library whose headers are only those (libsqdisc_sim: --map src/sim/sqdisc_sim.map --header sqdisc_sim.h).
+# library whose headers are only those (libsqdisc_sim: --map sim/sqdisc_sim.map --header sqdisc_sim.h).
 # usage: check-symbols.sh [--soname NAME] [--map MAP] [--header NAME]... SHARED_LIB STATIC_LIB INCLUDE_DIR
 set -euo pipefail
 

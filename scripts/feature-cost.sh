@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000} bytes=${2:-64}
-cargo build --release --features sim,scripted --example feature_cost -q
+cargo build --release --example feature_cost -q
 bin=target/release/examples/feature_cost
 count() { # mode wrs -> total instructions
     local out

@@ -22,28 +22,36 @@ out=$root/build/tsan
 CC=${CC:-cc}
 mkdir -p "$out/lib"
 
-# The tests drive the software HCA and the scripted test device: this one library carries both too (features
-# capi,sim,scripted), exporting the product API, the sim's functions and the scripted device's, under one
-# version script made of both export maps (one `local: *` kept) and a node for the test-only `sqd_scripted_*`.
+# The tests drive the software HCA (and its C functions, libsqdisc_sim's): both libraries are built instrumented,
+# libsqdisc.so from the sqdisc crate (feature capi, its export map) and libsqdisc_sim.so from the sqdisc-sim
+# crate (features capi,scripted; its export map plus a node for the test-only `sqd_scripted_*`). The sim's copy of
+# the device seam finds libsqdisc's registry in global scope, as in the uninstrumented build.
 {
-    sed '/^ *local:/,/^ *\*;/d' "$root/src/sim/sqdisc_sim.map" | cat "$root/src/capi/sqdisc.map" -
-    printf 'SQDISC_TSAN_TEST {\n    global:\n        sqd_scripted_*;\n};\n'
-} > "$out/tsan.map"
-echo "tsan: building libsqdisc.so (with the test devices) with -Zsanitizer=thread -Zbuild-std ($toolchain)"
+    sed '/^ *local:/,/^ *\*;/d' "$root/sim/sqdisc_sim.map"
+    printf 'SQDISC_TSAN_TEST {\n    global:\n        sqd_scripted_*;\n    local:\n        *;\n};\n'
+} > "$out/tsan-sim.map"
+echo "tsan: building libsqdisc.so and libsqdisc_sim.so with -Zsanitizer=thread -Zbuild-std ($toolchain)"
 RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
-    cargo "+$toolchain" rustc --quiet --lib --features capi,sim,scripted --release -Zbuild-std --target "$target" --crate-type cdylib \
-    -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$out/tsan.map"
+    cargo "+$toolchain" rustc --quiet -p sqdisc --lib --features capi --release -Zbuild-std --target "$target" --crate-type cdylib \
+    -- -C link-arg=-Wl,-soname,libsqdisc.so.0 -C link-arg=-Wl,--version-script="$root/src/capi/sqdisc.map"
+RUSTFLAGS="-Zsanitizer=thread" CARGO_TARGET_DIR=$root/target/tsan \
+    cargo "+$toolchain" rustc --quiet -p sqdisc-sim --lib --features capi,scripted --release -Zbuild-std --target "$target" --crate-type cdylib \
+    -- -C link-arg=-Wl,-soname,libsqdisc_sim.so.0 -C link-arg=-Wl,--version-script="$out/tsan-sim.map"
 cp -f "target/tsan/$target/release/libsqdisc.so" "$out/lib/libsqdisc.so.0"
 ln -sfn libsqdisc.so.0 "$out/lib/libsqdisc.so"
-nm -D "$out/lib/libsqdisc.so.0" > "$out/nm.txt"
-if ! grep -q ' U __tsan_func_entry' "$out/nm.txt"; then
-    echo "tsan: the library is not instrumented (no __tsan_func_entry reference)" >&2
-    exit 1
-fi
+cp -f "target/tsan/$target/release/libsqdisc_sim.so" "$out/lib/libsqdisc_sim.so.0"
+ln -sfn libsqdisc_sim.so.0 "$out/lib/libsqdisc_sim.so"
+for lib in libsqdisc libsqdisc_sim; do
+    nm -D "$out/lib/$lib.so.0" > "$out/$lib.nm.txt"
+    if ! grep -q ' U __tsan_func_entry' "$out/$lib.nm.txt"; then
+        echo "tsan: $lib is not instrumented (no __tsan_func_entry reference)" >&2
+        exit 1
+    fi
+done
 
 build() { # exe source
     "$CC" -std=c11 -Wall -Wextra -Werror -g -fsanitize=thread -Iinclude -Ic-tests/support "$2" c-tests/support/tsan_shim.c \
-        -o "$1" -L"$out/lib" -lsqdisc -libverbs -lpthread -Wl,-rpath,"$out/lib"
+        -o "$1" -L"$out/lib" -lsqdisc_sim -lsqdisc -libverbs -lpthread -Wl,-rpath,"$out/lib"
 }
 export TSAN_OPTIONS="exitcode=66 halt_on_error=0"
 

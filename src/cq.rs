@@ -813,11 +813,11 @@ impl Drop for ResetOnDrop<'_> {
     }
 }
 
-#[cfg(all(test, feature = "scripted"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::queue::{Queue, QueueConfig};
-    use crate::scripted::{ScriptedDevice, ScriptedQpCaps};
+    use sqdisc_sim::scripted::{ScriptedDevice, ScriptedQpCaps};
     use crate::verbs::{QpHandle, SendChain};
 
     /// Posts `n` unsignaled SENDs of 8 bytes each on `q`.

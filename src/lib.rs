@@ -7,8 +7,8 @@
 //!
 //! Layers: [`discipline`] is the safe, FFI-free state machine; [`verbs`] is the only code that touches verbs
 //! objects (through the `struct ibv_context` ops table); [`Cq`] and [`Queue`] join the two into the public Rust
-//! API; `capi` is the C ABI, a thin client of that API. With the `sim` feature, `sim` is a software HCA; with
-//! `scripted`, `scripted` is a scripted verbs device for tests.
+//! API; `capi` is the C ABI, a thin client of that API. The software HCA and the scripted test device are the
+//! crate `sqdisc-sim` (`sim/`), which registers its devices through the device seam ([`verbs::device`]).
 
 // Every unsafe operation sits in its own `unsafe` block with a `// SAFETY:` comment, also inside an `unsafe fn`;
 // a lost error or a discarded `Result` is a bug. src/discipline forbids `unsafe` outright.
@@ -23,10 +23,6 @@ mod completion;
 mod cq;
 pub mod discipline;
 pub mod error;
-#[cfg(feature = "scripted")]
-pub mod scripted;
-#[cfg(feature = "sim")]
-pub mod sim;
 mod srq;
 pub mod verbs;
 mod limits;

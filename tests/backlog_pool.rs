@@ -11,8 +11,8 @@ use std::rc::Rc;
 
 use common::*;
 use rdma_sys::ibv_qp;
-use sqdisc::scripted::{ScriptedDevice, ScriptedQpCaps};
-use sqdisc::sim::{SimConfig, SimDevice, SQD_SIM_NULL};
+use sqdisc_sim::scripted::{ScriptedDevice, ScriptedQpCaps};
+use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_NULL};
 use sqdisc::verbs::{CqHandle, QpHandle, SendChain};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler};
 

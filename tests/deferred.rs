@@ -21,7 +21,7 @@ fn done_log() -> (Rc<RefCell<Vec<Completion>>>, ReleaseHandler) {
     (log, ReleaseHandler::Closure(Box::new(move |c: &Completion| l.borrow_mut().push(*c))))
 }
 
-fn local_invs<D: ?Sized + sqdisc::scripted::Scriptable>(rig: &Rig<D>) -> Vec<(u32, u32)> {
+fn local_invs<D: ?Sized + sqdisc_sim::scripted::Scriptable>(rig: &Rig<D>) -> Vec<(u32, u32)> {
     let n = rig.dev.qp_stats(rig.qp).unwrap().wqes_posted as usize;
     (0..n)
         .map(|i| rig.dev.wqe(rig.qp, i).unwrap())
@@ -313,9 +313,9 @@ fn verification_catches_a_write_into_an_in_flight_buffer_and_is_silent_otherwise
 /// count its own WR as released.
 #[test]
 fn what_a_release_callback_defers_or_reads_is_seen_before_the_next_release() {
-    let dev = sqdisc::scripted::ScriptedDevice::new();
+    let dev = sqdisc_sim::scripted::ScriptedDevice::new();
     let cq_raw = dev.create_cq(64).unwrap();
-    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(16, 4)).unwrap();
+    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(16, 4)).unwrap();
     // SAFETY: the CQ and QP live as long as `dev`, which outlives the handles (dropped first below).
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
     let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
@@ -366,7 +366,7 @@ fn what_a_release_callback_defers_or_reads_is_seen_before_the_next_release() {
 /// The chain `[WRITE(B), WRITE(B), READ(B), WRITE(A)]` the provider refuses at the READ: `a_at` are the WRs of
 /// the chain whose SGE names MR A (100); the others name MR B (200). Returns after the post failed with 2 WRs
 /// accepted, MR A tracked since before the post.
-fn refused_partway(a_at: &[usize]) -> Rig<sqdisc::scripted::ScriptedDevice> {
+fn refused_partway(a_at: &[usize]) -> Rig<sqdisc_sim::scripted::ScriptedDevice> {
     let rig = Rig::new(config(16, 4, 8), 64);
     rig.q().track_mr(100).unwrap();
     rig.dev.refuse_opcode(rig.qp, WR_RDMA_READ, libc::EINVAL).unwrap();
@@ -420,7 +420,7 @@ fn a_tracked_mr_counts_only_the_uses_the_provider_accepted() {
 /// SQ depth 4, backlog `backlog`: SENDs 0..4 fill the SQ, a READ (4, which the provider refuses) and SEND 5 are
 /// parked; WR 0's CQE frees a slot, the pump meets the refused READ and stops there: one SQ slot is free while
 /// the backlog holds READ 4 and SEND 5.
-fn a_refused_wr_heads_the_backlog(backlog: u32) -> Rig<sqdisc::scripted::ScriptedDevice> {
+fn a_refused_wr_heads_the_backlog(backlog: u32) -> Rig<sqdisc_sim::scripted::ScriptedDevice> {
     let rig = Rig::new(config(4, 1, backlog), 64);
     rig.post(&mut Chain::sends(0..4, 0)).unwrap();
     rig.dev.refuse_opcode(rig.qp, WR_RDMA_READ, libc::EINVAL).unwrap();

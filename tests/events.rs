@@ -53,7 +53,7 @@ fn late_cqes_of_a_freed_abandoned_queue_are_dropped_not_passed_through() {
 #[test]
 fn a_cq_error_releases_every_queue_on_it() {
     let rig = Rig::new(config(8, 4, 0), 64);
-    let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 1)).unwrap();
+    let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(8, 1)).unwrap();
     let log2 = Log::default();
     // SAFETY: the QP lives as long as the device.
     let q2 = sqdisc::Queue::new(&rig.cq, None, unsafe { sqdisc::verbs::QpHandle::from_raw(qp2) }.unwrap(), config(8, 4, 0), Some(logger(&log2)))
@@ -98,9 +98,9 @@ fn arming_polls_again_so_a_completion_racing_the_arm_is_not_missed() {
 
 #[test]
 fn a_queue_on_a_thread_safe_cq_keeps_sends_and_receives_on_it() {
-    use sqdisc::scripted::ScriptedQpCaps;
+    use sqdisc_sim::scripted::ScriptedQpCaps;
     use sqdisc::verbs::{CqHandle, QpHandle};
-    let dev = sqdisc::scripted::ScriptedDevice::new();
+    let dev = sqdisc_sim::scripted::ScriptedDevice::new();
     let (a, b) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
     let qp = dev.create_qp(a, b, &ScriptedQpCaps::with_depths(8, 8)).unwrap();
     // SAFETY: the CQs and QP live as long as the device.

@@ -1,8 +1,8 @@
 //! The committed C headers are exactly what cbindgen makes of the current sources.
 //!
-//! `include/sqdisc.h` holds every `sqd_*` function, type and `SQD_*` constant except the scripted test
-//! device's and the software HCA's; `include/sqdisc_sim.h` (libsqdisc_sim's) only `sqd_sim_*` / `SQD_SIM_*`;
-//! `c-tests/support/sqdisc_scripted.h` (the test-only libsqdisc_scripted's, never installed) only
+//! `include/sqdisc.h` holds every `sqd_*` function, type and `SQD_*` constant of this crate; from the crate of
+//! the test devices (`sim/`, sqdisc-sim), `include/sqdisc_sim.h` (libsqdisc_sim's) only `sqd_sim_*` /
+//! `SQD_SIM_*` and `c-tests/support/sqdisc_scripted.h` (the test-only libsqdisc_scripted's, never installed) only
 //! `sqd_scripted_*` / `SQD_SCRIPTED_*`; both include `<sqdisc.h>`. Configuration: `cbindgen.toml`. With `SQDISC_UPDATE_HEADERS=1` (what `make header` sets) the
 //! test rewrites the files instead of comparing.
 
@@ -40,10 +40,19 @@ fn config() -> Config {
     config
 }
 
+/// The crate of the software HCA and the scripted device.
+fn sim_root() -> PathBuf {
+    root().join("sim")
+}
+
 fn generate(config: Config) -> Bindings {
+    generate_from(root(), config)
+}
+
+fn generate_from(krate: PathBuf, config: Config) -> Bindings {
     Builder::new()
         .with_config(config)
-        .with_crate(root())
+        .with_crate(krate)
         .generate()
         .unwrap_or_else(|e| panic!("cbindgen could not read the crate: {e}"))
 }
@@ -109,13 +118,15 @@ fn headers() -> Vec<(&'static str, String)> {
     scripted_config.include_guard = Some("SQDISC_SCRIPTED_H".to_string());
     scripted_config.sys_includes = vec!["sqdisc.h".to_string()];
     scripted_config.after_includes = None;
-    let scripted = select(generate(scripted_config), is_scripted);
+    let devices = generate_from(sim_root(), scripted_config);
+    check_namespace(&devices);
+    let scripted = select(devices, is_scripted);
 
     let mut sim_config = config();
     sim_config.include_guard = Some("SQDISC_SIM_H".to_string());
     sim_config.sys_includes = vec!["sqdisc.h".to_string()];
     sim_config.after_includes = None;
-    let sim = select(generate(sim_config), is_sim);
+    let sim = select(generate_from(sim_root(), sim_config), is_sim);
 
     vec![(MAIN_HEADER, render(&main)), (SCRIPTED_HEADER, render(&scripted)), (SIM_HEADER, render(&sim))]
 }

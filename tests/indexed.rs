@@ -16,7 +16,7 @@ fn indexed(sq_depth: u32, signal_interval: u32, backlog_depth: u32) -> sqdisc::Q
 }
 
 /// Completes and polls until nothing more is released; returns what the polls showed.
-fn settle<D: ?Sized + sqdisc::scripted::Scriptable>(rig: &Rig<D>) -> Vec<(u64, u32, u32)> {
+fn settle<D: ?Sized + sqdisc_sim::scripted::Scriptable>(rig: &Rig<D>) -> Vec<(u64, u32, u32)> {
     let mut shown = Vec::new();
     for _ in 0..8 {
         rig.complete(usize::MAX);

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use sim_support::*;
-use sqdisc::sim::*;
+use sqdisc_sim::*;
 use sqdisc::verbs::{CqHandle, QpHandle};
 use sqdisc::{Completion, Cq, InvalidateMode, Queue, QueueConfig, ReleaseHandler};
 

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use common::*;
 use rdma_sys::{ibv_cq, ibv_wc};
-use sqdisc::scripted::{ScriptedDevice, ScriptedQpCaps};
+use sqdisc_sim::scripted::{ScriptedDevice, ScriptedQpCaps};
 use sqdisc::verbs::{CqHandle, PollFn, QpHandle, SendChain};
 use sqdisc::{Cq, Queue, SQD_COMPLETION_IMPLIED};
 

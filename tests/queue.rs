@@ -161,7 +161,7 @@ fn a_release_callback_may_post_on_its_own_queue(make: Make) {
     // Each release of WR n posts WR n + 1 from inside the callback, until 50.
     let dev = make();
     let cq_raw = dev.create_cq(64).unwrap();
-    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
     let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
     let seen: Rc<RefCell<Vec<u64>>> = Rc::default();
@@ -195,7 +195,7 @@ fn a_release_callback_may_post_on_its_own_queue(make: Make) {
 
 fn cq_budget_refuses_a_queue_that_does_not_fit(make: Make) {
     let rig = Rig::on(make, config(16, 4, 0), 40); // reserves 17 of 40
-    let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(32, 1)).unwrap();
+    let qp2 = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(32, 1)).unwrap();
     let qh = unsafe { sqdisc::verbs::QpHandle::from_raw(qp2) }.unwrap();
     let err = sqdisc::Queue::new(&rig.cq, None, qh, config(32, 0, 0), None).err().expect("ENOSPC");
     assert_eq!(err.errno(), libc::ENOSPC);
@@ -304,7 +304,7 @@ fn a_long_chain_is_posted_in_few_doorbells_and_restored(make: Make) {
 fn completions_of_unmanaged_qps_pass_through_and_strays_are_counted(make: Make) {
     let rig = Rig::on(make, config(8, 2, 0), 64);
     // A QP on the same CQ that the library does not manage.
-    let raw = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let raw = rig.dev.create_qp(rig.cq_raw, rig.cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let mut c = Chain::sends(0xabc..0xabd, SIGNALED);
     let head = c.link();
     let mut bad = std::ptr::null_mut();
@@ -555,13 +555,13 @@ fn a_queue_reports_its_memory() {
 fn one_poll_reaps_at_most_a_full_cq_beyond_its_room_while_callbacks_keep_posting() {
     use std::cell::{Cell, RefCell};
     use std::rc::Rc;
-    use sqdisc::sim::{SimConfig, SimDevice, SQD_SIM_NULL};
-    use sqdisc::scripted::Scriptable;
+    use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_NULL};
+    use sqdisc_sim::scripted::Scriptable;
     const CQE: i32 = 16;
     const STOP: u64 = 5_000;
     let dev = SimDevice::new(&SimConfig { flags: SQD_SIM_NULL, ..SimConfig::default() }).unwrap();
     let cq_raw = dev.create_cq(CQE).unwrap();
-    let qp = Scriptable::create_qp(&*dev, cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
+    let qp = Scriptable::create_qp(&*dev, cq_raw, cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(4, 1)).unwrap();
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
     let slot: Rc<RefCell<Option<Rc<sqdisc::Queue>>>> = Rc::default();
     let released = Rc::new(Cell::new(0u64));

@@ -12,7 +12,7 @@ use std::ptr;
 
 use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr};
 use sim_support::*;
-use sqdisc::sim::{SimConfig, SimDevice};
+use sqdisc_sim::{SimConfig, SimDevice};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
 use sqdisc::{Cq, Queue, QueueConfig, Srq};
 

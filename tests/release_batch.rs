@@ -249,9 +249,9 @@ fn a_batch_handler_may_read_its_queues_stats() {
 #[test]
 fn set_release_batch_refuses_what_it_cannot_honour() {
     // No per-WR handler: the releases a batch cannot carry would have nowhere to go.
-    let dev = sqdisc::scripted::ScriptedDevice::new();
+    let dev = sqdisc_sim::scripted::ScriptedDevice::new();
     let cq_raw = dev.create_cq(64).unwrap();
-    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 1)).unwrap();
+    let qp = dev.create_qp(cq_raw, cq_raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(8, 1)).unwrap();
     let cq = sqdisc::Cq::new(unsafe { sqdisc::verbs::CqHandle::from_raw(cq_raw) }.unwrap());
     let bare = sqdisc::Queue::new(&cq, None, unsafe { sqdisc::verbs::QpHandle::from_raw(qp) }.unwrap(), config(8, 4, 0), None).unwrap();
     let e = bare.set_release_batch(Box::new(|_: &ReleaseBatch<'_>| {})).unwrap_err();

@@ -9,7 +9,7 @@ use rdma_sys::{
     ibv_cq, ibv_qp, ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags,
     ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode,
 };
-use sqdisc::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
+use sqdisc_sim::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
 
 mod common;
 

@@ -6,8 +6,8 @@ mod sim_support;
 use std::sync::{Arc, Mutex};
 
 use sim_support::*;
-use sqdisc::sim::memory::Memory;
-use sqdisc::sim::*;
+use sqdisc_sim::memory::Memory;
+use sqdisc_sim::*;
 
 fn cfg() -> SimConfig {
     SimConfig { wire_delay_min: 1, wire_delay_max: 1, ..SimConfig::default() }

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use rdma_sys::{ibv_cq, ibv_mr, ibv_qp, ibv_wc_opcode};
 use sim_support::*;
-use sqdisc::sim::*;
+use sqdisc_sim::*;
 use sqdisc::verbs::control::Teardown;
 use sqdisc::verbs::{CqHandle, QpHandle};
 use sqdisc::{Completion, Cq, InvalidateMode, Queue, QueueConfig, ReleaseHandler};

@@ -5,8 +5,8 @@ mod sim_support;
 
 use rdma_sys::{ibv_qp_state, ibv_wc_flags, ibv_wc_opcode};
 use sim_support::*;
-use sqdisc::scripted::Scriptable;
-use sqdisc::sim::*;
+use sqdisc_sim::scripted::Scriptable;
+use sqdisc_sim::*;
 
 fn cfg() -> SimConfig {
     SimConfig { wire_delay_min: 1, wire_delay_max: 1, ..SimConfig::default() }
@@ -597,7 +597,7 @@ fn scriptable_surface_maps_onto_the_model() {
     let dev = SimDevice::new(&cfg()).unwrap();
     let s: &dyn Scriptable = &*dev;
     let cq = s.create_cq(16).unwrap();
-    let qp = s.create_qp(cq, cq, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
+    let qp = s.create_qp(cq, cq, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
     // Made-up addresses and keys work on a scripted QP: no data moves.
     post(qp, &mut [wr(1, op::IBV_WR_SEND, 0, &[(0x1000, 64, 7)]), wr(2, op::IBV_WR_SEND, SIGNALED, &[(0x2000, 64, 7)]), wr(3, op::IBV_WR_SEND, SIGNALED, &[(0x3000, 64, 7)])]);
     assert!(s.complete(qp, 2).unwrap() >= 2);
@@ -659,7 +659,7 @@ fn the_control_path_makes_and_destroys_srqs_on_the_software_hca_and_refuses_else
     // SAFETY: the SRQ just made, destroyed once.
     assert_eq!(unsafe { sqdisc::verbs::control::destroy_srq(srq) }, 0);
     // A device that registered no SRQ control path refuses rather than reaching libibverbs with its objects.
-    let scripted = sqdisc::scripted::ScriptedDevice::new();
+    let scripted = sqdisc_sim::scripted::ScriptedDevice::new();
     // SAFETY: the scripted device's live PD; the call is refused before anything is read through it.
     assert_eq!(unsafe { sqdisc::verbs::control::create_srq(scripted.pd(), &mut attr) }.unwrap_err(), libc::EOPNOTSUPP);
 }
@@ -897,7 +897,7 @@ fn a_scripted_sinks_duplicate_atomic_is_answered_from_its_replay_record() {
     let dev = SimDevice::new(&cfg()).unwrap();
     let s: &dyn Scriptable = &*dev;
     let cq = s.create_cq(16).unwrap();
-    let qp = s.create_qp(cq, cq, &sqdisc::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
+    let qp = s.create_qp(cq, cq, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(8, 4)).unwrap();
     dev.inject(&SimFault { count: 1, ..SimFault::new(SQD_SIM_FAULT_LOSE_ACKS, qp) }).unwrap();
     post(qp, &mut [wr(1, op::IBV_WR_ATOMIC_FETCH_AND_ADD, SIGNALED, &[(0x1000, 8, 7)]).atomic(0x2000, 9, 1, 0)]);
     let wc = poll_n(cq, 1, 2000);

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_event_type as ev, ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc_opcode};
 use sim_support::*;
-use sqdisc::sim::*;
+use sqdisc_sim::*;
 
 const SOLICITED: u32 = rdma_sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
 

@@ -23,7 +23,8 @@ use std::time::Instant;
 use rdma_sys::{ibv_cq, ibv_event_type as ev, ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq_init_attr, ibv_wc, ibv_wc_opcode};
 use sim_support::*;
 use sqdisc::discipline::budget::cq_depth_for;
-use sqdisc::sim::*;
+use sqdisc_sim::*;
+use std::result::Result;
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler, Srq, SQD_COMPLETION_NEVER_POSTED};
 
@@ -680,7 +681,7 @@ fn rss_bytes() -> u64 {
 fn queue_bytes(sq_depth: u32, backlog_depth: u32) -> (usize, u64) {
     let dev = SimDevice::new(&SimConfig::default()).unwrap();
     let raw = dev.create_cq(4096).unwrap();
-    let qp = sqdisc::scripted::Scriptable::create_qp(&*dev, raw, raw, &sqdisc::scripted::ScriptedQpCaps::with_depths(sq_depth, 1)).unwrap();
+    let qp = sqdisc_sim::scripted::Scriptable::create_qp(&*dev, raw, raw, &sqdisc_sim::scripted::ScriptedQpCaps::with_depths(sq_depth, 1)).unwrap();
     let cq = Cq::new(cq_handle(raw));
     let cfg = QueueConfig { sq_depth, max_send_sge: 4, max_inline_data: 64, backlog_depth, ..QueueConfig::default() };
     let q = Queue::new(&cq, None, qp_handle(qp), cfg, None).unwrap();
@@ -689,7 +690,7 @@ fn queue_bytes(sq_depth: u32, backlog_depth: u32) -> (usize, u64) {
 
 #[test]
 fn ten_thousand_queues_on_one_managed_cq() {
-    use sqdisc::scripted::{Scriptable, ScriptedQpCaps};
+    use sqdisc_sim::scripted::{Scriptable, ScriptedQpCaps};
     const N: usize = 10_000;
     const SQ: u32 = 16;
     const BACKLOG: u32 = 16;

@@ -36,6 +36,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 // The library itself: linked so that its exported sqd_* symbols resolve the declarations below.
 use sqdisc as _;
+use sqdisc_sim as _;
 
 #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, clippy::all)]
 mod ffi {

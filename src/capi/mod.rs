@@ -4,7 +4,6 @@
 //! panic becomes `-EIO` instead of unwinding into C, converts arguments, and calls the safe Rust API. Failures
 //! return a negative errno and leave a message for `sqd_last_error()` on the calling thread.
 
-use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
 use crate::error::Error;
@@ -14,32 +13,22 @@ pub mod cq;
 pub mod error;
 pub mod handle;
 pub mod queue;
-#[cfg(feature = "scripted")]
-pub mod scripted;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod srq;
 // Last: its declarations close include/sqdisc.h.
 pub mod device;
 
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-/// Records `err` as this thread's last error and returns its negative errno. In a copy of the C layer that is
-/// not the process's canonical one (libsqdisc_sim's), the message goes to the canonical copy's last error
-/// through `sqd_device_set_error`, since the program reads that copy's `sqd_last_error()`.
+/// Records `err` as this thread's last error and returns its negative errno. The text lives in the device seam
+/// (`sqdisc-device`), which the software HCA's C functions share in a Rust program; in a copy of the C layer
+/// that is not the process's canonical one it goes to the canonical copy's last error through
+/// `sqd_device_set_error`, since the program reads that copy's `sqd_last_error()`.
 pub(crate) fn fail(err: &Error) -> i32 {
-    let text = CString::new(err.message().replace('\0', " ")).unwrap_or_default();
-    if !crate::verbs::device::forward_error(&text) {
-        set_last_error(text);
-    }
+    crate::verbs::device::record_error(err.message());
     -err.errno()
 }
 
 /// Makes `text` this copy's last error on the calling thread.
 pub(crate) fn set_last_error(text: CString) {
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
+    sqdisc_device::set_last_error(text);
 }
 
 /// Converts a result into the C convention: `0` or a negative errno (message recorded).
@@ -51,7 +40,7 @@ pub(crate) fn status(result: crate::Result<()>) -> i32 {
 }
 
 pub(crate) fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+    sqdisc_device::last_error_ptr()
 }
 
 /// Runs a C entry point's body; a panic inside becomes `-EIO` with a message, never an unwind into C.

@@ -14,7 +14,8 @@ use std::rc::Rc;
 
 use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_event_type as ev, ibv_mr, ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc};
 use sqdisc::discipline::budget::{reservation, send_reservation};
-use sqdisc::sim::*;
+use sqdisc_sim::*;
+use std::result::Result;
 use sqdisc::verbs::control::Teardown;
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
 use sqdisc::{Completion, Cq, Deferred, InvalidateMode, Queue, QueueConfig, ReleaseHandler, Srq};
@@ -1187,7 +1188,7 @@ impl World {
                 b.released
             );
             ensure!(st.in_provider <= s.sq && st.in_provider + st.credits == s.sq, "queue {}: {} WQEs in the provider, {} credits, SQ {}", b.slot, st.in_provider, st.credits, s.sq);
-            let dq = sqdisc::scripted::Scriptable::qp_stats(&**self.dev, s.qp).unwrap();
+            let dq = sqdisc_sim::scripted::Scriptable::qp_stats(&**self.dev, s.qp).unwrap();
             ensure!(dq.max_outstanding <= s.sq as u64, "queue {}: the provider held {} WQEs, SQ depth {}", b.slot, dq.max_outstanding, s.sq);
         }
         Ok(())

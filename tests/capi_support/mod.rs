@@ -7,8 +7,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 
 pub use rdma_sys::{ibv_cq, ibv_qp, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc};
-pub use sqdisc::scripted::{ScriptedDevice, ScriptedQpCaps};
-pub use sqdisc::sim::{SimConfig, SimConnAttr, SimDevice};
+pub use sqdisc_sim::scripted::{ScriptedDevice, ScriptedQpCaps};
+pub use sqdisc_sim::{SimConfig, SimConnAttr, SimDevice};
 pub use sqdisc::{Completion, CqStats, QueueStats, SrqStats};
 
 /// `struct sqd_cq`: incomplete in C, so opaque here; only pointers to it are used.

@@ -7,8 +7,8 @@ use std::ptr;
 use std::rc::Rc;
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
-use sqdisc::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
-use sqdisc::sim::{SimConfig, SimDevice};
+use sqdisc_sim::scripted::{Scriptable, ScriptedDevice, ScriptedQpCaps};
+use sqdisc_sim::{SimConfig, SimDevice};
 use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SendChain};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler};
 

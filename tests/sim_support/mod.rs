@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::ptr;
 
 use rdma_sys::{ibv_cq, ibv_mr, ibv_qp, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
-use sqdisc::sim::{SimConfig, SimConnAttr, SimDevice};
+use sqdisc_sim::{SimConfig, SimConnAttr, SimDevice};
 
 pub const SIGNALED: u32 = rdma_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
 pub const FENCE: u32 = rdma_sys::ibv_send_flags::IBV_SEND_FENCE.0;

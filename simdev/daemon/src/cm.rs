@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 
 use rdma_sys::ibv_qp;
-use sqdisc::sim::SimConnAttr;
+use sqdisc_sim::SimConnAttr;
 use sqdisc_sim_proto::{encode, CmAddr, CmEvent, CmParam, Reply};
 
 use crate::server::Server;

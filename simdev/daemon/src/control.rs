@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sqdisc::sim::{SimConfig, SimDevice, SQD_SIM_ARM_PENDING, SQD_SIM_STRICT};
+use sqdisc_sim::{SimConfig, SimDevice, SQD_SIM_ARM_PENDING, SQD_SIM_STRICT};
 use sqdisc_sim_proto::{decode, encode, recv_message, send_message, DeviceSettings, Reply, Request, ViolationInfo, PROTOCOL_VERSION};
 
 use crate::server::Server;

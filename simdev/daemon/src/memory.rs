@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sqdisc::sim::memory::Memory;
+use sqdisc_sim::memory::Memory;
 
 /// The memory of one client process. `gone` is set when the client disconnects: its memory is never touched
 /// after that, even before its MRs are deregistered.

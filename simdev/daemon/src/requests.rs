@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use rdma_sys::{
     ibv_cq, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc,
 };
-use sqdisc::sim::SimConnAttr;
+use sqdisc_sim::SimConnAttr;
 use sqdisc_sim_proto::{QpCaps, QpTransition, RecvWr, Reply, Request, SendWr, SharedCounter, Wc, MAX_POLL};
 
 use crate::client::{Channel, Cq, Owner, Qp};
@@ -20,7 +20,7 @@ fn no_such(what: &str, id: u64) -> Answer {
     (Reply::error(libc::EINVAL, format!("no {what} {id:#x} was made on this connection")), None)
 }
 
-fn failed(e: sqdisc::Error) -> Answer {
+fn failed(e: sqdisc_sim::Error) -> Answer {
     (Reply::error(e.errno(), e.message().to_string()), None)
 }
 

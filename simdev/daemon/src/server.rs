@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use rdma_sys::ibv_comp_channel;
-use sqdisc::sim::{AsyncElement, SimDevice};
+use sqdisc_sim::{AsyncElement, SimDevice};
 use sqdisc_sim_proto::{
     decode, encode, recv_message, send_message, DeviceSettings, EventRecord, Reply, Request, ViolationInfo, EVENT_ASYNC_CQ,
     EVENT_ASYNC_QP, EVENT_ASYNC_SRQ, EVENT_COMPLETION, PROTOCOL_VERSION,
@@ -423,7 +423,7 @@ impl Server {
         let now = self.dev.now();
         let mut failed = Vec::new();
         for (n, qp) in qps.into_iter().take(max as usize) {
-            let fault = sqdisc::sim::SimFault { at_step: now, ..sqdisc::sim::SimFault::new(sqdisc::sim::SQD_SIM_FAULT_QP_FATAL, qp) };
+            let fault = sqdisc_sim::SimFault { at_step: now, ..sqdisc_sim::SimFault::new(sqdisc_sim::SQD_SIM_FAULT_QP_FATAL, qp) };
             match self.dev.inject(&fault) {
                 Ok(()) => failed.push(n),
                 Err(e) => return Reply::error(e.errno(), format!("QP {n:#x}: {}", e.message())),

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use rdma_sys::{ibv_event_type, ibv_qp, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type};
 
 use crate::{Error, Result};
-use crate::sim::scriptable::{ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use crate::scriptable::{ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use super::{MAX_INLINE, MAX_RD_ATOMIC, MAX_SGE, MAX_WR, Model, key};
 use super::super::SimConnAttr;
 use super::super::events::AsyncElement;

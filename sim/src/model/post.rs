@@ -3,7 +3,7 @@
 
 use rdma_sys::{ibv_qp, ibv_send_flags};
 
-use crate::sim::scriptable::{ScriptedQpCaps, ScriptedWqe};
+use crate::scriptable::{ScriptedQpCaps, ScriptedWqe};
 use super::{Model, key};
 use super::opcode::{carries_data, is_atomic, wc_opcode};
 use super::qp::{QpModel, QpState, Recv, Wqe};

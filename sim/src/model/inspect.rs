@@ -3,7 +3,7 @@
 use rdma_sys::{ibv_cq, ibv_qp, ibv_qp_state};
 
 use crate::Result;
-use crate::sim::scriptable::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats};
+use crate::scriptable::{ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats};
 use super::Model;
 use super::qp::QpState;
 use super::super::SimStats;

@@ -5,7 +5,7 @@
 //! `struct ibv_qp` objects. Unmodified verbs code (libibverbs' inline `ibv_post_send`, `ibv_poll_cq`, ... which
 //! call through `qp->context->ops`) and the library itself drive it exactly as they would drive a provider.
 //! It also registers memory ([`ScriptedDevice::reg_mr`]): real `struct ibv_mr` objects with distinct keys,
-//! which the library's deferred deregistration frees through the device (see [`crate::verbs::control`]).
+//! which the library's deferred deregistration frees through the device (sqdisc's `verbs::control`).
 //! Nothing executes by itself: the test scripts what the "HCA" does next ([`ScriptedDevice::complete`],
 //! [`ScriptedDevice::fail`], [`ScriptedDevice::set_error`], [`ScriptedDevice::deliver`]) and then inspects the
 //! result ([`ScriptedDevice::qp_stats`], [`ScriptedDevice::cq_stats`], [`ScriptedDevice::wqe`], the violation
@@ -35,7 +35,7 @@
 //! keeps every send WQE ever posted for inspection, so it is meant for tests, not long benchmarks.
 //!
 //! The scripting and inspection surface is the [`Scriptable`] trait (defined with the software HCA, which
-//! implements it too), so that tests written against it run unchanged on the fuller device model. The C functions are in the library's C API (`sqd_scripted_*`).
+//! implements it too), so that tests written against it run unchanged on the fuller device model. The C functions (`sqd_scripted_*`) are in `capi::scripted`, with the `capi` feature.
 //!
 //! Threading: a device and its objects are used by one thread at a time (`ScriptedDevice` is neither `Send`
 //! nor `Sync`). The ops callbacks never call back into user code, so the model's `RefCell` is never borrowed
@@ -53,9 +53,9 @@ use std::sync::{Arc, Mutex};
 
 use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_state, ibv_qp_type};
 
-use crate::sim::held::HeldObjects;
-pub use crate::sim::scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
-use crate::verbs::device::DeviceOps;
+use crate::held::HeldObjects;
+pub use crate::scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
+use sqdisc_device::DeviceOps;
 use crate::{Error, Result};
 use model::Model;
 
@@ -80,7 +80,7 @@ fn live_mrs() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
     LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The deregistration the device registers with [`crate::verbs::device::register`]: what
+/// The deregistration the device registers with [`sqdisc_device::register`]: what
 /// `sqd_scripted_dereg_mr` does, as 0 or a positive errno.
 ///
 /// # Safety
@@ -164,7 +164,7 @@ impl ScriptedDevice {
         // SAFETY: `dereg_for_library` deregisters this device's MRs as `ibv_dereg_mr` would (it finds the device
         // by the MR's address and refuses MRs it does not know); `held`'s two functions outlive every hold. The
         // device unregisters in its `Drop`.
-        unsafe { crate::verbs::device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
+        unsafe { sqdisc_device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
         Ok(device)
     }
 
@@ -451,7 +451,7 @@ impl Scriptable for ScriptedDevice {
 impl Drop for ScriptedDevice {
     fn drop(&mut self) {
         // SAFETY: the device is going: none of its objects is torn down after this. It was registered in `new`.
-        let _ = unsafe { crate::verbs::device::unregister(self.context()) };
+        let _ = unsafe { sqdisc_device::unregister(self.context()) };
         {
             let mut live = live_mrs();
             for mr in self.model.get_mut().mr_keys() {

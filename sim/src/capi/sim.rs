@@ -1,4 +1,4 @@
-//! C API: the software HCA (`sqd_sim_*`), thin wrappers over [`crate::sim`].
+//! C API: the software HCA (`sqd_sim_*`), thin wrappers over the crate's [`SimDevice`](crate::SimDevice).
 //!
 //! Threading for every function here: any thread may call any function on a sim and its objects (MRs, CQs, QPs,
 //! SRQs, channels, and the data-path verbs called on them through its context) at any time: every call holds
@@ -18,7 +18,7 @@ use rdma_sys::{
 };
 
 use super::{fail, ffi_boundary, status, try_mut, try_ref};
-use crate::sim::{violation_kind_str, AsyncElement, SimConfig, SimConnAttr, SimDevice, SimFault, SimStats};
+use crate::{violation_kind_str, AsyncElement, SimConfig, SimConnAttr, SimDevice, SimFault, SimStats};
 use crate::Error;
 
 /// `wqe_index` of a violation that concerns no particular send WQE.

@@ -9,7 +9,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
-use crate::verbs::device::DeviceOps;
+use sqdisc_device::DeviceOps;
 use crate::{Error, Result};
 
 /// One held object: its address and how many handles hold it. An object may be held by more than one handle

@@ -4,7 +4,7 @@
 use rdma_sys::{ibv_qp, ibv_wc_flags, ibv_wc_opcode};
 
 use crate::{Error, Result};
-use crate::sim::scriptable::ScriptedWqe;
+use crate::scriptable::ScriptedWqe;
 use super::Model;
 use super::qp::QpState;
 use super::wc::{Origin, SUCCESS, blank_wc};

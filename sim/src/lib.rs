@@ -48,12 +48,28 @@
 //! concern). The model never calls user code or the library while holding the lock, so it is never taken
 //! re-entrantly and never ordered against a caller's own locks (such as sqdisc's per-CQ locks).
 
+// Every unsafe operation sits in its own `unsafe` block with a `// SAFETY:` comment, also inside an `unsafe fn`;
+// a lost error or a discarded `Result` is a bug.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unused_must_use)]
+#![deny(rust_2018_idioms)]
+
+// Before the sim's own modules, as when both devices were modules of sqdisc: the order cbindgen reads them in
+// is the order of the committed headers.
+#[cfg(feature = "scripted")]
+pub mod scripted;
+mod error;
 mod events;
 pub mod held;
 pub mod memory;
 mod model;
 mod ops;
 pub mod scriptable;
+#[cfg(feature = "capi")]
+mod capi;
+
+pub use error::{Error, Result};
 
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
@@ -68,8 +84,7 @@ use rdma_sys::{
 };
 
 use scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
-use crate::verbs::device::DeviceOps;
-use crate::{Error, Result};
+use sqdisc_device::DeviceOps;
 pub use events::{AsyncElement, AsyncEvent};
 use held::HeldObjects;
 use model::Model;
@@ -414,7 +429,7 @@ impl SimDevice {
         // SAFETY: the three functions do on this device's objects what the libibverbs calls would (each finds the
         // device from the object and refuses objects of no live sim device), from any thread; `held`'s two
         // outlive every hold. The device unregisters in its `Drop`.
-        unsafe { crate::verbs::device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
+        unsafe { sqdisc_device::register(ctx.cast(), &HeldObjects::ops(&device.held, ops)) }?;
         Ok(device)
     }
 
@@ -906,7 +921,7 @@ impl SimDevice {
     }
 }
 
-/// The SRQ creation the device registers with [`crate::verbs::device::register`]: what
+/// The SRQ creation the device registers with [`sqdisc_device::register`]: what
 /// [`SimDevice::create_srq`] does on the PD's device.
 ///
 /// # Safety
@@ -931,7 +946,7 @@ unsafe extern "C" fn create_srq_for_library(
     }
 }
 
-/// The SRQ destruction the device registers with [`crate::verbs::device::register`].
+/// The SRQ destruction the device registers with [`sqdisc_device::register`].
 ///
 /// # Safety
 /// `srq` is a valid SRQ of a live sim device.
@@ -943,7 +958,7 @@ unsafe extern "C" fn destroy_srq_for_library(_device: *mut c_void, srq: *mut rdm
     }
 }
 
-/// The deregistration the device registers with [`crate::verbs::device::register`]: what
+/// The deregistration the device registers with [`sqdisc_device::register`]: what
 /// [`SimDevice::dereg_mr`] does, as 0 or a positive errno.
 ///
 /// # Safety
@@ -959,7 +974,7 @@ unsafe extern "C" fn dereg_for_library(_device: *mut c_void, mr: *mut ibv_mr) ->
 impl Drop for SimDevice {
     fn drop(&mut self) {
         // SAFETY: the device is going: none of its objects is torn down after this. It was registered in `new`.
-        let _ = unsafe { crate::verbs::device::unregister(self.context()) };
+        let _ = unsafe { sqdisc_device::unregister(self.context()) };
         self.model.get_mut().clear();
         // SAFETY: these three came from `Box::into_raw` in `new`, are owned by the device and freed only here.
         // Every MR, QP and CQ referring to them was freed by `clear` above.
