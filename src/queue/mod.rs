@@ -357,6 +357,9 @@ impl QueueStorage {
 /// still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
+    /// Whether the send CQ is thread-safe (has a lock), kept here so that the C entry points test it with one
+    /// load from the handle.
+    locked: bool,
 }
 
 /// Dropping a queue detaches it from its CQs whatever is outstanding: call [`Queue::check_free`] first, as
@@ -565,7 +568,8 @@ impl Queue {
                 r.install(recv_index, &shared);
             }
         }
-        Ok(Queue { shared })
+        let locked = shared.send_cq.lock.is_some();
+        Ok(Queue { shared, locked })
     }
 
     /// Hands a chain of send WRs to the queue. Each WR, in order, is checked, then posted (with the library's
@@ -579,8 +583,21 @@ impl Queue {
     /// is released, after the WRs posted before it, with `IBV_WC_LOC_QP_OP_ERR`,
     /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` (see
     /// [`Queue::last_refusal`]); the WRs behind it are posted.
+    #[inline(always)]
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         self.shared.post_send(chain)
+    }
+
+    /// [`Queue::post_send`], handing nothing to `done` when every WR was accepted, or the error to `failed`, and
+    /// returning what they make of it (the C API's 0 or negative errno, with no `Result` in between).
+    #[inline(always)]
+    pub(crate) fn post_send_then<'a, R>(
+        &self,
+        chain: SendChain<'a>,
+        done: impl FnOnce() -> R,
+        failed: impl FnOnce(PostError<'a>) -> R,
+    ) -> R {
+        self.shared.post_send_then(chain, done, failed)
     }
 
     /// Posts a chain of receives (the queue must manage receives: `rq_depth > 0`). Fails with `EAGAIN` at the
@@ -776,6 +793,12 @@ impl Queue {
     /// The lock of the queue's (thread-safe) CQ, if any.
     pub fn lock(&self) -> Option<&std::sync::Arc<crate::cq::CqLock>> {
         self.shared.send_cq.lock.as_ref()
+    }
+
+    /// Whether the queue's CQ is thread-safe (`lock` is `Some`), read from the queue itself.
+    #[inline(always)]
+    pub fn is_locked(&self) -> bool {
+        self.locked
     }
 
     /// Bytes this queue allocated: its fixed part, slot records and verification storage, and what its
