@@ -248,8 +248,11 @@ pub(crate) struct QueueShared {
     /// The send ring and the released count, also in `state.send`: the release loop's common case reads and
     /// advances them without borrowing `state` (`SendLedger`'s contract).
     ledger: Rc<SendLedger>,
-    /// The queue manages receives (`state.recv` is set): fixed at creation.
-    managed_recv: bool,
+    /// A receive of the queue's may have its release due: set whenever a receive completes (its CQE, or the queue
+    /// abandoned), cleared by the release pass when it finds none due. A Cell, so that the end of a release pass
+    /// (`release_pass_done`) tests it without a borrow: a queue that manages receives does not pay the rest of
+    /// the pass for every send CQE.
+    recv_due: Cell<bool>,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
     /// takes no borrow.
@@ -522,7 +525,7 @@ impl Queue {
         let barriers = Barriers::new(storage_send.ledger().clone());
         let shared = Rc::new(QueueShared {
             ledger: storage_send.ledger().clone(),
-            managed_recv: storage.recv.is_some(),
+            recv_due: Cell::new(false),
             verifying: verify.is_some(),
             no_restore: c.no_restore || c.indexed,
             indexed: c.indexed,
@@ -898,6 +901,7 @@ impl QueueShared {
             st.send.abandon();
             if let Some(r) = st.recv.as_mut() {
                 r.abandon();
+                self.recv_due.set(true);
             }
         }
         self.run_releases();
