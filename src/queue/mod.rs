@@ -593,6 +593,7 @@ impl Queue {
 
     /// [`Queue::post_send`], handing nothing to `done` when every WR was accepted, or the error to `failed`, and
     /// returning what they make of it (the C API's 0 or negative errno, with no `Result` in between).
+    #[cfg(feature = "capi")]
     #[inline(always)]
     pub(crate) fn post_send_then<'a, R>(
         &self,
