@@ -586,7 +586,6 @@ impl Queue {
     /// is released, after the WRs posted before it, with `IBV_WC_LOC_QP_OP_ERR`,
     /// `SQD_COMPLETION_REFUSED | SQD_COMPLETION_NEVER_POSTED` and the errno in `vendor_err` (see
     /// [`Queue::last_refusal`]); the WRs behind it are posted.
-    #[inline(always)]
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         self.shared.post_send(chain)
     }
