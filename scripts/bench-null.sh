@@ -78,6 +78,7 @@ null_section() {
     # The target column for ratio $2 at batch $1, and whether $3 instructions per WR are fewer than $4's
     # (signal-every-WR; no target at batch 1).
     target_cell() { echo "<= ${NULL_TARGET[$1]} ($(awk -v r="$2" -v t="${NULL_TARGET[$1]}" 'BEGIN { print (r <= t ? "met" : "not met") }'))"; }
+    indexed_target_cell() { echo "<= ${INDEXED_TARGET[$1]} ($(awk -v r="$2" -v t="${INDEXED_TARGET[$1]}" 'BEGIN { print (r <= t ? "met" : "not met") }'))"; }
     fewer_cell() {
         if [ "$1" = 1 ]; then echo "(no target)"; else awk -v q="$2" -v a="$3" 'BEGIN { print (q < a ? "yes" : "no") }'; fi
     }
@@ -113,7 +114,7 @@ null_section() {
     for b in "${batches[@]}"; do
         local m=${ins[raw-moderated/$b]} a=${ins[raw-signal/$b]} qb=${ins[sqdisc-batch/$b]} ql=${ins[sqdisc-lean/$b]} qi=${ins[sqdisc-indexed/$b]} ri
         ri=$(ratio2 "$qi" "$m")
-        echo "| $b | $qb | $(ratio2 "$qb" "$m") | $ql | $(ratio2 "$ql" "$m") | **$qi** | **$ri** | $(target_cell "$b" "$ri") | $(fewer_cell "$b" "$qi" "$a") |"
+        echo "| $b | $qb | $(ratio2 "$qb" "$m") | $ql | $(ratio2 "$ql" "$m") | **$qi** | **$ri** | $(indexed_target_cell "$b" "$ri") | $(fewer_cell "$b" "$qi" "$a") |"
     done
     echo
     echo "The same sqdisc posters against a leaner hand-moderated poster (\`raw-lean\`: its loop in one function with"
