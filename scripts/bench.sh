@@ -159,7 +159,8 @@ share=""
 for b in "${BATCHES[@]}"; do
     share+="${share:+; }batch $b: ${sim[raw-signal/$b/1]}, ${sim[raw-moderated/$b/1]}, ${sim[sqdisc/$b/1]}"
 done
-emit "Sim share (instr/WR in the software HCA's ops, 1 SGE; signal-all, hand-mod, sqdisc; 4 SGEs add 5): $share."
+more=$(awk -v a="${sim[sqdisc/1/${SGES[-1]}]}" -v b="${sim[sqdisc/1/${SGES[0]}]}" 'BEGIN { printf "%.1f", a - b }')
+emit "Sim share (instr/WR in the software HCA's ops, ${SGES[0]} SGE; signal-all, hand-mod, sqdisc; ${SGES[-1]} SGEs add $more): $share."
 emit ""
 emit "**Scaling** (sqdisc): Q queues of depth $SCALE_DEPTH on one CQ, WR k to queue k mod Q, each signaled by the ULP, the"
 emit "CQ polled until empty every $SCALE_POLL posts; $N counted CQEs after a warm-up of max(2Q, 1024). Cost of \`sqd_cq_poll\`"
