@@ -15,6 +15,9 @@
  *   raw-moderated  the same with hand-written moderation, the best a careful C programmer does: wr_id = sequence
  *                  number, IBV_SEND_SIGNALED every D/4 WRs (and on the WR that takes the last free slot), a CQE
  *                  frees every slot up to its wr_id; no callbacks.
+ *   raw-lean       raw-moderated written leaner still: one function with its counters in locals (no helper
+ *                  calls), the ring index (sequence mod D, D a power of two) as wr_id, and one poll of up to 32
+ *                  completions per post (more only while the SQ has no room for the next batch).
  *   sqdisc         sqd_post_send + sqd_cq_poll on a managed queue (signal_interval 0 = D/4, backlog D) with a
  *                  release callback that counts.
  *   sqdisc-batch   the same with a batch release callback (sqd_queue_set_release_batch) that counts.
@@ -57,9 +60,10 @@
 #define MAX_SGES 16
 #define WC_MAX 32
 
-enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED };
+enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED, RAW_LEAN };
 static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc",      "scale",
-                                         "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed"};
+                                         "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed",
+                                         "raw-lean"};
 
 /* The posters that run sqdisc_run. */
 static int is_sqdisc_poster(enum mode m)
@@ -395,6 +399,82 @@ static void raw_moderated_drain(struct bench *b)
         raw_moderated_poll(b);
 }
 
+/* ---- raw verbs, hand-written moderation, as lean as it gets ------------------------------------------- */
+
+/* raw-moderated with its bookkeeping in locals and nothing out of line: the wr_id is the WR's ring index (its
+ * sequence number mod the depth, a power of two), a CQE completes every WR up to its index. */
+static void raw_lean_run(struct bench *b, uint64_t wrs)
+{
+    struct ibv_qp *qp = b->qps[0];
+    struct ibv_cq *cq = b->cq;
+    struct ibv_wc *wc = b->wc;
+    const uint64_t mask = b->depth - 1, depth = b->depth, interval = b->interval, batch = b->batch;
+    uint64_t posted = b->posted, completed = b->completed, end = posted + wrs;
+    unsigned unsignaled = b->unsignaled;
+    struct ibv_send_wr *bad;
+    while (posted < end) {
+        unsigned n = end - posted < batch ? (unsigned)(end - posted) : (unsigned)batch;
+        for (unsigned i = 0; i < n; i++) {
+            uint64_t seq = posted + i;
+            unsigned flags = 0;
+            if (++unsignaled == interval || depth - (seq - completed) == 1) {
+                flags = IBV_SEND_SIGNALED;
+                unsignaled = 0;
+            }
+            b->wr[i].wr_id = seq & mask;
+            b->wr[i].send_flags = flags;
+            b->wr[i].next = i + 1 < n ? &b->wr[i + 1] : NULL;
+        }
+        if (ibv_post_send(qp, b->wr, &bad))
+            DIE("ibv_post_send");
+        posted += n;
+        /* One poll per post; more only while the SQ has no room for the next batch. */
+        do {
+            int got = ibv_poll_cq(cq, WC_MAX, wc);
+            if (got > 0) {
+                for (int i = 0; i < got; i++)
+                    if (wc[i].status != IBV_WC_SUCCESS)
+                        DIE("completion status %d", wc[i].status);
+                completed += ((wc[got - 1].wr_id - completed) & mask) + 1;
+            } else if (got < 0) {
+                DIE("ibv_poll_cq: %d", got);
+            }
+        } while (depth - (posted - completed) < batch);
+    }
+    b->posted = posted;
+    b->completed = completed;
+    b->unsignaled = unsignaled;
+}
+
+/* raw_moderated_drain for raw-lean's wr_ids (ring indexes). */
+static void raw_lean_drain(struct bench *b)
+{
+    const uint64_t mask = b->depth - 1;
+    struct ibv_send_wr *bad;
+    if (b->unsignaled) {
+        struct ibv_send_wr marker = {.wr_id = b->posted & mask, .opcode = IBV_WR_RDMA_WRITE,
+                                     .send_flags = IBV_SEND_SIGNALED};
+        if (b->posted - b->completed >= b->depth)
+            DIE("raw-lean: a full SQ left unsignaled");
+        if (ibv_post_send(b->qps[0], &marker, &bad))
+            DIE("ibv_post_send (marker)");
+        b->posted++;
+        b->unsignaled = 0;
+    }
+    for (int k = 0; b->completed < b->posted; k++) {
+        if (k > 1000)
+            DIE("raw-lean: completions missing");
+        int got = ibv_poll_cq(b->cq, WC_MAX, b->wc);
+        if (got < 0)
+            DIE("ibv_poll_cq: %d", got);
+        for (int i = 0; i < got; i++)
+            if (b->wc[i].status != IBV_WC_SUCCESS)
+                DIE("completion status %d", b->wc[i].status);
+        if (got > 0)
+            b->completed += ((b->wc[got - 1].wr_id - b->completed) & mask) + 1;
+    }
+}
+
 /* ---- sqdisc -------------------------------------------------------------------------------------------- */
 
 static void sqdisc_poll(struct bench *b)
@@ -470,6 +550,7 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     switch (b->mode) {
     case RAW_SIGNAL: raw_signal_run(b, wrs); break;
     case RAW_MODERATED: raw_moderated_run(b, wrs); break;
+    case RAW_LEAN: raw_lean_run(b, wrs); break;
     case SQDISC:
     case SQDISC_BATCH:
     case SQDISC_LEAN:
@@ -487,6 +568,7 @@ static void drain(struct bench *b)
             raw_signal_poll(b);
         break;
     case RAW_MODERATED: raw_moderated_drain(b); break;
+    case RAW_LEAN: raw_lean_drain(b); break;
     case SQDISC:
     case SQDISC_BATCH:
     case SQDISC_LEAN:
@@ -527,10 +609,10 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+        DIE("usage: sqd_bench raw-signal|raw-moderated|raw-lean|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
             "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]");
     int found = 0;
-    for (int m = RAW_SIGNAL; m <= SQDISC_INDEXED; m++)
+    for (int m = RAW_SIGNAL; m <= RAW_LEAN; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
             b.mode = (enum mode)m;
             found = 1;
@@ -584,6 +666,8 @@ int main(int argc, char **argv)
         DIE("-q is for the scale mode");
     if (b.mode == SCALE && b.poll_every > b.depth)
         DIE("-p must be at most the depth");
+    if (b.mode == RAW_LEAN && (b.depth & (b.depth - 1)))
+        DIE("raw-lean needs a depth that is a power of two");
     alloc_counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
 
     setup(&b);

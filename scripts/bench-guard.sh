@@ -10,13 +10,13 @@
 #   4. instructions per WR at batch 32 spent outside the software HCA (library + loop): <= 1000 (today about 92),
 #      so that the check does not depend on how fast the software HCA is;
 #   5. on the null provider (benches/null_provider.c, a few instructions per WR): sqdisc / hand-moderated raw
-#      verbs at batch 1, 8 and 32 at most the limits below (batch 1: its target, met; batch 8 and 32: today's
-#      ratios with about 15% margin), so that a regression of the library's hot path fails here; and CQEs per
+#      verbs at batch 1, 8 and 32 at most the limits below (today's ratios with a 3% margin), so that a
+#      regression of the library's hot path fails here; and CQEs per
 #      WR = 1/32 for sqdisc there. The same ratio check, and the CQE check, for the posters with the API's opt-in
 #      options (batched releases; those and SQD_QUEUE_NO_RESTORE; batched releases and SQD_QUEUE_INDEXED), each
 #      of which must also cost less than the poster without its option; the lean one must cost fewer
-#      instructions than the signal-every-WR raw verbs poster at batch 32, and the indexed one at batch 8 and 32
-#      (it meets every target: held at the targets). First, benches/null_provider_check.c: the null provider itself behaves as
+#      instructions than the signal-every-WR raw verbs poster at batch 32, and the indexed one at batch 8 and 32.
+#      First, benches/null_provider_check.c: the null provider itself behaves as
 #      documented (a post without a free SQ slot fails, a CQE frees the slots up to its WQE), so that a
 #      moderation bug would show on it.
 # usage: scripts/bench-guard.sh STAGE_DIR LIBDIR_IN_STAGE      (make bench-guard stages a private install)
@@ -28,22 +28,22 @@ N=4800 # a multiple of every batch size below: no partial batch
 RATIO_MAX=3.0
 OWN_MAX=1000
 
-# Check 5's limits: sqdisc / hand-moderated on the null provider, per batch size. Measured on 2026-12-04 after
-# the eighth round of hot-path changes (make bench, docs/PERFORMANCE.md): 2.33, 2.36, 2.19. A ratio that meets
-# its target is held at the target itself: a change that loses it fails here. The others are held at today's
-# ratios x 1.15.
-# Tighten them as the hot path improves toward the targets in docs/PERFORMANCE.md (batch 8: 2.0, batch 32: 1.5).
-declare -A NULL_RATIO_MAX=([1]=2.50 [8]=2.71 [32]=2.52)
-# The same for the two posters with the API's opt-in options (the same day): batched releases
-# (sqd_queue_set_release_batch) 2.20, 2.02, 1.77; batched releases with SQD_QUEUE_NO_RESTORE 2.19, 1.82, 1.61
-# (batch 8 meets its target: held at 2.00). Each option must also make its poster cheaper than the one without
-# it at every batch size, or the option has lost what it is for; and the lean poster must cost fewer
-# instructions than signal-every-WR at batch 32, as it does since the sixth round.
-declare -A BATCHED_RATIO_MAX=([1]=2.50 [8]=2.32 [32]=2.04)
-declare -A LEAN_RATIO_MAX=([1]=2.50 [8]=2.00 [32]=1.85)
-# Batched releases on a queue with SQD_QUEUE_INDEXED (2026-12-04, the ninth round): 2.16, 1.70, 1.48, below
-# signal-every-WR at batch 8 and 32: every target met, so held at the targets themselves.
-declare -A INDEXED_RATIO_MAX=([1]=2.50 [8]=2.00 [32]=1.50)
+# Check 5's limits: sqdisc / hand-moderated on the null provider, per batch size, held at what is reached. A
+# ratio that meets its target (NULL_TARGET, INDEXED_TARGET in bench-lib.sh) would be held at the target itself;
+# none of the default API's does. The others are held at the ratios of `make bench` on 2026-12-05 (c4a4614, the
+# tenth round) plus 3%: instruction counts are exact, so the margin only absorbs a compiler's different code for
+# the C posters. Default API: 2.25, 2.34, 2.18.
+# Tighten them as the hot path improves toward the targets in docs/PERFORMANCE.md.
+declare -A NULL_RATIO_MAX=([1]=2.32 [8]=2.41 [32]=2.25)
+# The same for the posters with the API's opt-in options: batched releases (sqd_queue_set_release_batch) 2.12,
+# 2.01, 1.77; batched releases with SQD_QUEUE_NO_RESTORE 2.10, 1.80, 1.61. Each option must also make its poster
+# cheaper than the one without it at every batch size, or the option has lost what it is for; and the lean
+# poster must cost fewer instructions than signal-every-WR at batch 32, as it does since the sixth round.
+declare -A BATCHED_RATIO_MAX=([1]=2.19 [8]=2.07 [32]=1.83)
+declare -A LEAN_RATIO_MAX=([1]=2.17 [8]=1.85 [32]=1.66)
+# Batched releases on a queue with SQD_QUEUE_INDEXED: 2.08, 1.69, 1.48, below signal-every-WR at batch 8 and 32.
+# Batch 32 stays held at 1.50, the target it met before the targets were lowered to 1.35.
+declare -A INDEXED_RATIO_MAX=([1]=2.14 [8]=1.74 [32]=1.50)
 NULL_N=1600 # counted WRs per run: (I(2N) - I(N)) / N, a multiple of 32
 failed=0
 check() { # description ok(0/1)

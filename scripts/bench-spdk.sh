@@ -99,9 +99,11 @@ done
 # The guard's limits (make bench-guard), on the null provider. Per WR: sqdisc's provider / the verbs provider's
 # behaviour, per requests per flush (issue targets: 1.5 at 1, 1.3 at 8). Empty polls: instructions added to the
 # device's op for a CQ with no managed QP on a patched context (target 5) and for a managed CQ (target 15).
-# Each limit that meets its target is held at the target; the others at the figure reached, plus a margin.
-# Reached: 4.22x, 3.63x (target loop), 4.80x (host loop); +5.0 (its target: held there); +31.0.
-declare -A RATIO_MAX=([1]=4.92 [8]=4.17 [h1]=5.55)
+# Each limit that meets its target is held at the target; the others at the figure reached, plus a margin
+# (3% for the loops, whose counts only a change of the code moves).
+# Reached (2026-12-05, the tenth round): 4.00x, 3.33x (target loop), 4.62x (host loop); +5.0 (its target: held
+# there); +31.0.
+declare -A RATIO_MAX=([1]=4.12 [8]=3.43 [h1]=4.76)
 PASSTHROUGH_MAX=5
 MANAGED_MAX=36
 

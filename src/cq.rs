@@ -562,12 +562,13 @@ impl CqShared {
         done: impl FnOnce(usize) -> R,
         failed: impl FnOnce(Error) -> R,
     ) -> R {
-        if self.polling.replace(true) {
+        if self.polling.get() {
             return reentered(failed);
         }
-        let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
+        // Until CQEs are found no callback can run (the provider never calls back, and the idle-tail pass runs
+        // none), so nothing can re-enter the poll: `polling` is set only around the reaping.
         if out.is_empty() {
             bump(&self.counts.busy_polls, 1);
             self.cover_idle_tails(false);
@@ -579,7 +580,11 @@ impl CqShared {
                 self.cover_idle_tails(false);
                 done(0)
             }
-            Ok(found) => self.poll_found(out, found, done, failed),
+            Ok(found) => {
+                self.polling.set(true);
+                let _guard = ResetOnDrop(&self.polling);
+                self.poll_found(out, found, done, failed)
+            }
             Err(e) => {
                 bump(&self.counts.busy_polls, 1);
                 failed(e)

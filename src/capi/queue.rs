@@ -264,26 +264,56 @@ pub extern "C" fn sqd_queue_set_release_batch(q: *mut sqd_queue, r#fn: ReleaseBa
 #[no_mangle]
 pub extern "C" fn sqd_post_send(q: *mut sqd_queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
     ffi_boundary!({
-        let bad_wr = try_mut!(bad_wr, "bad_wr");
-        *bad_wr = wr;
-        let q = try_ref!(q.object(), "q");
-        let _held = q.lock().map(|l| l.lock());
-        if wr.is_null() {
-            return fail(&Error::invalid("wr is NULL"));
+        // The common call (a queue, a chain, `bad_wr`, no lock) goes straight to the post; every other one through
+        // `post_send_general`, which takes the lock before it checks the chain.
+        // SAFETY: a non-NULL `q` came from `sqd_queue_new` and is not being freed (the caller's promise).
+        if q.is_null() || wr.is_null() || bad_wr.is_null() || unsafe { &*q.object() }.is_locked() {
+            return post_send_general(q, wr, bad_wr);
         }
+        // SAFETY: not NULL, checked above; `*bad_wr` is the caller's for the duration of the call.
+        let bad_wr = unsafe { &mut *bad_wr };
+        *bad_wr = wr;
+        // SAFETY: as above; `q` is not NULL.
+        let q = unsafe { &*q.object() };
         // SAFETY: the caller lends a valid chain for the duration of the call, as `ibv_post_send` requires.
         let chain = unsafe { SendChain::from_raw(wr) };
-        match q.post_send(chain) {
-            Ok(()) => {
-                *bad_wr = ptr::null_mut();
-                0
-            }
-            Err(e) => {
-                *bad_wr = e.bad.as_ptr();
-                fail(&e.error)
-            }
-        }
+        post_send_result(q, chain, bad_wr)
     })
+}
+
+/// The end of `sqd_post_send`: posts `chain` and sets `*bad_wr` (NULL, or the first WR not posted).
+#[inline(always)]
+fn post_send_result(q: &Queue, chain: SendChain<'_>, bad_wr: &mut *mut ibv_send_wr) -> i32 {
+    let bad: *mut *mut ibv_send_wr = bad_wr;
+    q.post_send_then(
+        chain,
+        || {
+            // SAFETY: `bad` is the caller's `bad_wr`, valid for the call (borrowed by this function).
+            unsafe { *bad = ptr::null_mut() };
+            0
+        },
+        |e| {
+            // SAFETY: as above.
+            unsafe { *bad = e.bad.as_ptr() };
+            fail(&e.error)
+        },
+    )
+}
+
+/// `sqd_post_send` for a queue on a thread-safe CQ or a call the common one does not cover (a NULL argument).
+#[cold]
+#[inline(never)]
+fn post_send_general(q: *mut sqd_queue, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> i32 {
+    let bad_wr = try_mut!(bad_wr, "bad_wr");
+    *bad_wr = wr;
+    let q = try_ref!(q.object(), "q");
+    let _held = q.lock().map(|l| l.lock());
+    if wr.is_null() {
+        return fail(&Error::invalid("wr is NULL"));
+    }
+    // SAFETY: the caller lends a valid chain for the duration of the call, as `ibv_post_send` requires.
+    let chain = unsafe { SendChain::from_raw(wr) };
+    post_send_result(q, chain, bad_wr)
 }
 
 /// Posts a chain of receives on a queue that manages them (`rq_depth` > 0), instead of `ibv_post_recv`.

@@ -248,8 +248,11 @@ pub(crate) struct QueueShared {
     /// The send ring and the released count, also in `state.send`: the release loop's common case reads and
     /// advances them without borrowing `state` (`SendLedger`'s contract).
     ledger: Rc<SendLedger>,
-    /// The queue manages receives (`state.recv` is set): fixed at creation.
-    managed_recv: bool,
+    /// A receive of the queue's may have its release due: set whenever a receive completes (its CQE, or the queue
+    /// abandoned), cleared by the release pass when it finds none due. A Cell, so that the end of a release pass
+    /// (`release_pass_done`) tests it without a borrow: a queue that manages receives does not pay the rest of
+    /// the pass for every send CQE.
+    recv_due: Cell<bool>,
     /// The send CQ's poll cycle (`CqShared::cycle`) in which a post (or a pump) last left an unsignaled tail:
     /// while it is the current cycle, the idle-tail check at the end of the poll waits. Cells, so that the check
     /// takes no borrow.
@@ -357,6 +360,9 @@ impl QueueStorage {
 /// still outstanding would then complete as strays.
 pub struct Queue {
     shared: Rc<QueueShared>,
+    /// Whether the send CQ is thread-safe (has a lock), kept here so that the C entry points test it with one
+    /// load from the handle.
+    locked: bool,
 }
 
 /// Dropping a queue detaches it from its CQs whatever is outstanding: call [`Queue::check_free`] first, as
@@ -519,7 +525,7 @@ impl Queue {
         let barriers = Barriers::new(storage_send.ledger().clone());
         let shared = Rc::new(QueueShared {
             ledger: storage_send.ledger().clone(),
-            managed_recv: storage.recv.is_some(),
+            recv_due: Cell::new(false),
             verifying: verify.is_some(),
             no_restore: c.no_restore || c.indexed,
             indexed: c.indexed,
@@ -565,7 +571,8 @@ impl Queue {
                 r.install(recv_index, &shared);
             }
         }
-        Ok(Queue { shared })
+        let locked = shared.send_cq.lock.is_some();
+        Ok(Queue { shared, locked })
     }
 
     /// Hands a chain of send WRs to the queue. Each WR, in order, is checked, then posted (with the library's
@@ -581,6 +588,19 @@ impl Queue {
     /// [`Queue::last_refusal`]); the WRs behind it are posted.
     pub fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
         self.shared.post_send(chain)
+    }
+
+    /// [`Queue::post_send`], handing nothing to `done` when every WR was accepted, or the error to `failed`, and
+    /// returning what they make of it (the C API's 0 or negative errno, with no `Result` in between).
+    #[cfg(feature = "capi")]
+    #[inline(always)]
+    pub(crate) fn post_send_then<'a, R>(
+        &self,
+        chain: SendChain<'a>,
+        done: impl FnOnce() -> R,
+        failed: impl FnOnce(PostError<'a>) -> R,
+    ) -> R {
+        self.shared.post_send_then(chain, done, failed)
     }
 
     /// Posts a chain of receives (the queue must manage receives: `rq_depth > 0`). Fails with `EAGAIN` at the
@@ -778,6 +798,12 @@ impl Queue {
         self.shared.send_cq.lock.as_ref()
     }
 
+    /// Whether the queue's CQ is thread-safe (`lock` is `Some`), read from the queue itself.
+    #[inline(always)]
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
     /// Bytes this queue allocated: its fixed part, slot records and verification storage, and what its
     /// creation added to its send CQ's backlog pool (see `QueueStats::bytes`).
     pub fn footprint(&self) -> usize {
@@ -875,6 +901,7 @@ impl QueueShared {
             st.send.abandon();
             if let Some(r) = st.recv.as_mut() {
                 r.abandon();
+                self.recv_due.set(true);
             }
         }
         self.run_releases();

@@ -246,9 +246,24 @@ fn restore_flags_too(send: &SendState<StagedWr>, run: Run<'_>, cut: Option<WrPtr
 
 impl QueueShared {
     /// `Queue::post_send`: admits the chain's WRs (posted now with their tokens, parked, or refused) and
-    /// restores the chain as the ULP built it.
+    /// restores the chain as the ULP built it. Always in line: its C entry point's common call and the call that
+    /// takes a thread-safe CQ's lock each have their copy, so that the common one makes no call of its own.
+    #[inline(always)]
     pub(super) fn post_send<'a>(&self, chain: SendChain<'a>) -> std::result::Result<(), PostError<'a>> {
-        let Some(first) = chain.first() else { return Ok(()) };
+        self.post_send_then(chain, || Ok(()), Err)
+    }
+
+    /// `post_send`, handing nothing to `done` when every WR was accepted, or the error to `failed`, and returning
+    /// what they make of it: a caller that wants one value (the C API's 0 or negative errno) gets it from the
+    /// common post without a `Result` in between.
+    #[inline(always)]
+    pub(super) fn post_send_then<'a, R>(
+        &self,
+        chain: SendChain<'a>,
+        done: impl FnOnce() -> R,
+        failed: impl FnOnce(PostError<'a>) -> R,
+    ) -> R {
+        let Some(first) = chain.first() else { return done() };
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
         // The common call, one plain WR on an open queue with nothing parked or noted and a free slot, is decided
@@ -267,7 +282,10 @@ impl QueueShared {
         if let Some((send_flags, op, credits)) = plain_one {
             let result = self.post_one(st, first, send_flags, op, credits);
             self.settle_tail(st);
-            return result;
+            return match result {
+                Ok(()) => done(),
+                Err(e) => failed(e),
+            };
         }
         // Decided once per call: nothing below changes them but this call's own posts (one credit each) and
         // parks (after which `credits` is 0 and every WR goes through `admit`). An open queue (`plain_open`) has
@@ -276,7 +294,7 @@ impl QueueShared {
             (st.send.credits(), false)
         } else {
             if let Some(c) = st.send.closed() {
-                return Err(PostError { error: closed_error(c), bad: first });
+                return failed(PostError { error: closed_error(c), bad: first });
             }
             (st.send.postable(), st.send.noting())
         };
@@ -299,7 +317,7 @@ impl QueueShared {
                     Ok(()) => {
                         // The common end: returned from here, with no `Result` kept across `settle_tail`.
                         self.settle_tail(st);
-                        return Ok(());
+                        return done();
                     }
                     Err(f) => Err(self.run_refused(st, run, f)),
                 },
@@ -324,7 +342,7 @@ impl QueueShared {
                             match self.post_run(st, run, None) {
                                 Ok(()) => {
                                     self.settle_tail(st);
-                                    return Ok(());
+                                    return done();
                                 }
                                 Err(f) => Err(self.run_refused(st, run, f)),
                             }
@@ -338,11 +356,10 @@ impl QueueShared {
             self.post_general(st, first, Run::empty(first), credits, note)
         };
         self.settle_tail(st);
-        // The common return without the error's value carried across `settle_tail` and copied out.
-        if result.is_ok() {
-            return Ok(());
+        match result {
+            Ok(()) => done(),
+            Err(e) => failed(e),
         }
-        result
     }
 
     /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a

@@ -44,7 +44,10 @@ impl QueueShared {
                     }
                 },
                 Direction::Recv => match st.recv.as_mut() {
-                    Some(r) => match r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv) {
+                    Some(r) => match {
+                        self.recv_due.set(true);
+                        r.on_cqe(token, status, vendor_err, wc_opcode, remote_inv)
+                    } {
                         Some(wr_id) => CqeFate::Visible(wr_id),
                         None if r.is_abandoned() => CqeFate::Hidden,
                         None => return CqeFate::Stray,
@@ -221,6 +224,8 @@ impl QueueShared {
                 } else if let Some(r) = st.recv.as_mut().and_then(|r| r.next_release()) {
                     Item::Release(Completion::from((r, true)))
                 } else {
+                    // No receive is due until another completes (`recv_due`).
+                    self.recv_due.set(false);
                     // Nothing due: parked WRs that now have credits are posted, under the same borrow (the pump
                     // only calls the provider, which never calls back).
                     Item::Idle(self.settle_idle(st))
@@ -258,14 +263,14 @@ impl QueueShared {
     }
 
     /// After the common releases, whether the pass is over without a look at the rest of the state: no posted
-    /// slot is left complete (a marker or an operation would be), no barrier is due, the queue has no managed
-    /// receives, and nothing is parked and the queue is open (`SendLedger::plain_open`), so that neither a
+    /// slot is left complete (a marker or an operation would be), no barrier is due, no receive has completed
+    /// since the last pass found none due (`recv_due`), and nothing is parked and the queue is open (`SendLedger::plain_open`), so that neither a
     /// parked WR's release nor a pump can be due. Then `settle_idle` would do nothing either: with nothing
     /// parked nothing is pumped, and a tail left unsignaled was watched by the post that left it.
     #[inline(always)]
     fn release_pass_done(&self) -> bool {
         let ledger = &*self.ledger;
-        let done = !self.managed_recv
+        let done = !self.recv_due.get()
             && ledger.plain_open()
             && ledger.ring.tail() == ledger.ring.done()
             && ledger.released() < ledger.first_barrier();
