@@ -447,30 +447,24 @@ matrix() {
     qperf_cases 0
 }
 
-# The daemon's own violation log: an unmodified program that breaks the device's rules fails its mode.
-# report_row NAME
-report_row() {
-    local rc=0
-    timeout 15 "$sim" report > "$work/$mode.report" 2>&1 || rc=$?
-    if [ $rc -eq 0 ]; then
-        row "$1" "$loss" "$check" PASS "$(head -n 1 "$work/$mode.report")"
-    elif [ $rc -eq 3 ] && ! sed 1d "$work/$mode.report" | grep -v -q -E '^step [0-9]+ pid [0-9]+ \(ib_[a-z]+_(bw|lat)\) qp 0x[0-9a-f]+ wqe [0-9]+: source modified while in flight: retransmission #[0-9]+ of send WQE #[0-9]+ \(wr_id 0x5\)'; then
-        row "$1" "$loss" "$check" KNOWN "$(head -n 1 "$work/$mode.report"), each perftest -R's closing exchange's buffer reused before its SEND completed, seen by a retransmission"
-    else
-        row "$1" "$loss" "$check" FAIL "exit $rc: $(sed -n 2p "$work/$mode.report")"
-    fi
-}
-
 start=$SECONDS
 for mode in "${modes[@]}"; do
     case $mode in
-    plain) loss=0 check=off settings=() ;;
-    loss) loss="${loss_ppm}ppm" check=off settings=(--loss-ppm "$loss_ppm" --ack-loss-ppm "$loss_ppm") ;;
-    checker) loss=0 check=on settings=() ;;
+    plain) loss=0 check=off; start_daemon ;;
+    loss) loss="${loss_ppm}ppm" check=off; start_daemon --loss-ppm "$loss_ppm" --ack-loss-ppm "$loss_ppm" ;;
+    checker) loss=0 check=on; start_daemon ;;
     esac
-    start_daemon "${settings[@]}"
     matrix
-    report_row "daemon report"
+    # The daemon's own violation log: an unmodified program that breaks the device's rules fails its mode.
+    rc=0
+    timeout 15 "$sim" report > "$work/$mode.report" 2>&1 || rc=$?
+    if [ $rc -eq 0 ]; then
+        row "daemon report" "$loss" "$check" PASS "$(head -n 1 "$work/$mode.report")"
+    elif [ $rc -eq 3 ] && ! sed 1d "$work/$mode.report" | grep -v -q -E '^step [0-9]+ pid [0-9]+ \(ib_[a-z]+_(bw|lat)\) qp 0x[0-9a-f]+ wqe [0-9]+: source modified while in flight: retransmission #[0-9]+ of send WQE #[0-9]+ \(wr_id 0x5\)'; then
+        row "daemon report" "$loss" "$check" KNOWN "$(head -n 1 "$work/$mode.report"), each perftest -R's closing exchange's buffer reused before its SEND completed, seen by a retransmission"
+    else
+        row "daemon report" "$loss" "$check" FAIL "exit $rc: $(sed -n 2p "$work/$mode.report")"
+    fi
     stop_daemon
 done
 

@@ -117,20 +117,15 @@ impl Server {
             let pending = self.clients.values().any(Client::has_pending_events);
             let route_due = self.cm_resolve_due().map(|at| at.saturating_duration_since(Instant::now()));
             let timeout = if urgent {
-                Some(Duration::ZERO)
+                Duration::ZERO
             } else if busy {
-                Some(self.tick.saturating_sub(self.last_step.elapsed()))
+                self.tick.saturating_sub(self.last_step.elapsed())
             } else if pending {
-                Some(Duration::from_millis(1))
+                Duration::from_millis(1)
             } else {
-                Some(Duration::from_millis(200))
+                Duration::from_millis(200)
             };
-            let timeout = match (timeout, route_due) {
-                (Some(t), Some(r)) => Some(t.min(r)),
-                (t, None) => t,
-                (None, r) => r,
-            };
-            self.epoll.wait(timeout, &mut ready)?;
+            self.epoll.wait(Some(route_due.map_or(timeout, |r| timeout.min(r))), &mut ready)?;
             for &token in &ready {
                 match token {
                     LISTENER => self.accept_all(),
