@@ -18,6 +18,8 @@
 #   E2E_DIR=build/e2e        where SPDK is built and the runs keep their logs (run/) and their sim daemon
 #   SQDISC_PREBUILT=1        do not (re)build sqdisc-sim, its preload library and libsqdisc_spdk first
 #   PAIRED=1                 each workload with each provider in turn, on a fresh target (slower; fairer IOPS)
+#   REPEAT=1                 with PAIRED=1: pairs per workload, the providers' order swapped every other pair;
+#                            a summary gives each workload's ratios (libsqdisc_spdk over SPDK's) and their median
 #   ONLY=""                  a regular expression: run only the workloads whose name matches (e.g. 'verify 8k qd32')
 #
 # Exit status: 0 when every run passed (exit 0, no verify failure, the target exits on SIGTERM), else 1.
@@ -183,6 +185,7 @@ sim_counters() { # [skip=N] file
 
 ROWS=()
 FAILED=0
+declare -A IOPS   # transport|workload|mode -> the IOPS of its runs, in order (PAIRED=1)
 row() { ROWS+=("$(printf '%-7s %-6s %-26s %10s %6s %6s %s' "$@")"); printf '%-7s %-6s %-26s %10s %6s %6s %s\n' "$@" >&2; }
 
 host() { # mode log program args...: runs an SPDK host program of mode; prints its exit status
@@ -290,14 +293,21 @@ one_run() {
 if [[ ${PAIRED:-0} == 1 ]]; then
 	# Each workload with each provider in turn, each on a fresh target and device: the providers' IOPS are
 	# measured minutes apart at most, for a machine whose load changes.
+	# One run's IOPS is spread by tens of per cent by the scheduling of three processes on few cores: REPEAT
+	# pairs, in alternating order so that neither provider always runs second, give a median.
 	for tr in $TRANSPORTS; do
 		for name in "${runs[@]}"; do
-			for mode in $MODES; do
-				target_start "$mode" "$tr"
-				tag=$mode-$tr
-				one_run
-				target_stop
-				[[ $ST == 0 ]] || { FAILED=1; row "$mode" "$tr" "(target shutdown)" - - "$ST" -; }
+			for rep in $(seq "${REPEAT:-1}"); do
+				order=$MODES
+				(( rep % 2 == 0 )) && order=$(printf '%s\n' $MODES | tac | xargs)
+				for mode in $order; do
+					target_start "$mode" "$tr"
+					tag=$mode-$tr
+					one_run
+					target_stop
+					IOPS["$tr|$name|$mode"]+="${IOPS["$tr|$name|$mode"]:+ }${iops:--}"
+					[[ $ST == 0 ]] || { FAILED=1; row "$mode" "$tr" "(target shutdown)" - - "$ST" -; }
+				done
 			done
 		done
 	done
@@ -321,4 +331,25 @@ echo
 echo "SPDK $(spdk_version "$SPDK") ($SPDK), provider $PROVIDER; sim settings: ${SIM_ARGS:-defaults}; $TIME s per run"
 printf '%-7s %-6s %-26s %10s %6s %6s %s\n' provider rdma workload IOPS verify exit "counters: sqdisc's (qpairs/WRs/markers m/moderation signals s/backlogged b/stray CQEs x/late CQEs l/flushes handed from the device f sends+receives/own flushes handed o/other errors handed e/duplicates d/owed, never handed u); the device's (flush CQEs polled F/other error CQEs polled E)"
 printf '%s\n' "${ROWS[@]}"
+# With PAIRED=1 and two providers: libsqdisc_spdk's IOPS over SPDK's provider's, pair by pair, and the median.
+read -r -a modes <<< "$MODES"
+if [[ ${PAIRED:-0} == 1 && ${#modes[@]} == 2 ]]; then
+	echo
+	echo "| RDMA transport | workload | ${modes[0]} IOPS | ${modes[1]} IOPS | ratios ${modes[1]}/${modes[0]} | median ratio |"
+	echo "|---|---|---|---|---|---:|"
+	for tr in $TRANSPORTS; do
+		for name in "${runs[@]}"; do
+			a=${IOPS["$tr|$name|${modes[0]}"]:-}; b=${IOPS["$tr|$name|${modes[1]}"]:-}
+			[[ $a == *[0-9]* ]] || continue
+			awk -v tr="$tr" -v name="$name" -v a="$a" -v b="$b" 'BEGIN {
+				na = split(a, x, " "); split(b, y, " "); n = 0
+				for (i = 1; i <= na; i++) if (x[i] > 0 && y[i] > 0) r[++n] = y[i] / x[i]
+				for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+				rs = ""; for (i = 1; i <= na; i++) rs = rs (i > 1 ? " / " : "") (x[i] > 0 && y[i] > 0 ? sprintf("%.2f", y[i] / x[i]) : "-")
+				med = n == 0 ? "-" : sprintf("%.2f", n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2)
+				gsub(" ", " / ", a); gsub(" ", " / ", b)
+				printf "| %s | %s | %s | %s | %s | %s |\n", tr == "nosrq" ? "--no-srq" : "SRQ", name, a, b, rs, med }'
+		done
+	done
+fi
 exit "$FAILED"
