@@ -66,6 +66,7 @@ pub mod memory;
 mod model;
 mod ops;
 pub mod scriptable;
+mod wr_chain;
 #[cfg(feature = "capi")]
 mod capi;
 

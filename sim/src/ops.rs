@@ -5,16 +5,12 @@
 //! A panic (a bug in the model) never unwinds into C: it becomes `EIO`.
 
 use std::ffi::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc};
 
 use super::model::{RecvRequest, SendRequest, Sge};
+use super::wr_chain::{guarded, post_chain, refuse};
 use super::SimDevice;
-
-fn guarded(on_panic: c_int, f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
-}
 
 fn copy_sges(list: *const ibv_sge, n: i32) -> Vec<Sge> {
     if n <= 0 || list.is_null() {
@@ -97,51 +93,32 @@ unsafe fn read_send_wr(wr: *const ibv_send_wr, max_sge: u32, max_inline: u32, co
 /// `*bad_wr` at it (earlier WRs stay posted).
 pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     guarded(libc::EIO, || {
-        let set_bad = |at: *mut ibv_send_wr| {
-            if !bad_wr.is_null() {
-                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
-                unsafe { *bad_wr = at };
-            }
-        };
         if qp.is_null() {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         }
         // SAFETY: this callback is reached through `qp->context->ops`, so `qp` is a live QP whose context is a
         // sim device's, alive while its objects are used.
         let Some(device) = (unsafe { SimDevice::from_context((*qp).context) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
         let mut model = device.model().lock();
         let Some((caps, copy)) = model.post_info(qp) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
-        let mut posted = 0u32;
-        let mut cur = wr;
-        let mut rc = 0;
         let refusals = device.refusal_armed();
-        while !cur.is_null() {
-            // SAFETY: as below; a plain field read.
+        let post = |cur: *mut ibv_send_wr| {
+            // SAFETY: `cur` is a WR of the caller's chain, valid for reads (`post_chain` hands on no other); a
+            // plain field read.
             let opcode = unsafe { (*cur).opcode };
             if let Some(errno) = refusals.then(|| device.refusal_of(qp, opcode)).flatten() {
                 // A scripted refusal (`SimDevice::refuse_opcode`): the provider rejects this WR.
-                set_bad(cur);
-                rc = errno;
-                break;
+                return Err(errno);
             }
-            // SAFETY: `cur` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
-            let req = unsafe { read_send_wr(cur, caps.max_send_sge, caps.max_inline_data, copy) };
-            if let Err(errno) = model.post_send(qp, req) {
-                set_bad(cur);
-                rc = errno;
-                break;
-            }
-            posted += 1;
-            // SAFETY: as above.
-            cur = unsafe { (*cur).next };
-        }
+            // SAFETY: as above, with its SGE list and inline data as `ibv_post_send` requires.
+            model.post_send(qp, unsafe { read_send_wr(cur, caps.max_send_sge, caps.max_inline_data, copy) })
+        };
+        // SAFETY: `wr` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
+        let (posted, rc) = unsafe { post_chain(wr, bad_wr, post) };
         if posted > 0 {
             model.doorbell(qp);
         }
@@ -149,44 +126,39 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
     })
 }
 
+/// Copies one receive WR: its SGEs only when the model keeps them (`copy`) and `num_sge` is within `max_sge`.
+///
+/// # Safety
+/// `wr` points to a valid `ibv_recv_wr` whose `sg_list`, when non-NULL, holds `num_sge` entries.
+unsafe fn read_recv_wr(wr: *const ibv_recv_wr, max_sge: u32, copy: bool) -> RecvRequest {
+    // SAFETY: the caller promises `wr` is valid for reads.
+    let w = unsafe { &*wr };
+    let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
+    let in_range = w.num_sge >= 0 && w.num_sge as u32 <= max_sge;
+    let sges = if copy && in_range && !null_sg_list { copy_sges(w.sg_list, w.num_sge) } else { Vec::new() };
+    RecvRequest { wr_id: w.wr_id, num_sge: w.num_sge, null_sg_list, sges }
+}
+
 /// `ibv_post_recv`: as `post_send`, for receive WRs.
 pub(crate) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     guarded(libc::EIO, || {
-        let set_bad = |at: *mut ibv_recv_wr| {
-            if !bad_wr.is_null() {
-                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
-                unsafe { *bad_wr = at };
-            }
-        };
         if qp.is_null() {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         }
         // SAFETY: as in `post_send`.
         let Some(device) = (unsafe { SimDevice::from_context((*qp).context) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
         let mut model = device.model().lock();
         let Some((caps, copy)) = model.post_info(qp) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: `cur` is the caller's receive WR chain, valid for reads as `ibv_post_recv` requires.
-            let w = unsafe { &*cur };
-            let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
-            let in_range = w.num_sge >= 0 && w.num_sge as u32 <= caps.max_recv_sge;
-            let sges = if copy && in_range && !null_sg_list { copy_sges(w.sg_list, w.num_sge) } else { Vec::new() };
-            let req = RecvRequest { wr_id: w.wr_id, num_sge: w.num_sge, null_sg_list, sges };
-            if let Err(errno) = model.post_recv(qp, req) {
-                set_bad(cur);
-                return errno;
-            }
-            cur = w.next;
-        }
-        0
+        let post = |cur: *mut ibv_recv_wr| {
+            // SAFETY: `cur` is a WR of the caller's chain, valid for reads (`post_chain` hands on no other).
+            model.post_recv(qp, unsafe { read_recv_wr(cur, caps.max_recv_sge, copy) })
+        };
+        // SAFETY: `wr` is the caller's receive WR chain, valid for reads as `ibv_post_recv` requires.
+        unsafe { post_chain(wr, bad_wr, post) }.1
     })
 }
 
@@ -239,40 +211,22 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 /// errno with `*bad_wr` at it (earlier WRs stay posted).
 pub(crate) unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     guarded(libc::EIO, || {
-        let set_bad = |at: *mut ibv_recv_wr| {
-            if !bad_wr.is_null() {
-                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
-                unsafe { *bad_wr = at };
-            }
-        };
         if srq.is_null() {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         }
         // SAFETY: reached through `srq->context->ops`, so `srq` is a live SRQ whose context is a sim device's.
         let Some(device) = (unsafe { SimDevice::from_context((*srq).context) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
         let mut model = device.model().lock();
         let Some((max_sge, copy)) = model.srq_post_info(srq) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: `cur` is the caller's receive WR chain, valid for reads as `ibv_post_srq_recv` requires.
-            let w = unsafe { &*cur };
-            let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
-            let in_range = w.num_sge >= 0 && w.num_sge as u32 <= max_sge;
-            let sges = if copy && in_range && !null_sg_list { copy_sges(w.sg_list, w.num_sge) } else { Vec::new() };
-            let req = RecvRequest { wr_id: w.wr_id, num_sge: w.num_sge, null_sg_list, sges };
-            if let Err(errno) = model.post_srq_recv(srq, req) {
-                set_bad(cur);
-                return errno;
-            }
-            cur = w.next;
-        }
-        0
+        let post = |cur: *mut ibv_recv_wr| {
+            // SAFETY: `cur` is a WR of the caller's chain, valid for reads (`post_chain` hands on no other).
+            model.post_srq_recv(srq, unsafe { read_recv_wr(cur, max_sge, copy) })
+        };
+        // SAFETY: `wr` is the caller's receive WR chain, valid for reads as `ibv_post_srq_recv` requires.
+        unsafe { post_chain(wr, bad_wr, post) }.1
     })
 }

@@ -5,16 +5,12 @@
 //! never unwinds into C: it becomes `EIO`.
 
 use std::ffi::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rdma_sys::{ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wr_opcode};
 
 use super::model::SendRequest;
 use super::{ScriptedDevice, ScriptedWqe};
-
-fn guarded(on_panic: c_int, f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
-}
+use crate::wr_chain::{guarded, post_chain, refuse};
 
 /// Copies one send WR. SGEs are read only when `num_sge` is within `max_sge` (else the model rejects the WR).
 ///
@@ -62,42 +58,25 @@ unsafe fn read_send_wr(wr: *const ibv_send_wr, max_sge: u32) -> SendRequest {
 /// `*bad_wr` at it (earlier WRs stay posted).
 pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     guarded(libc::EIO, || {
-        let set_bad = |at: *mut ibv_send_wr| {
-            if !bad_wr.is_null() {
-                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
-                unsafe { *bad_wr = at };
-            }
-        };
         if qp.is_null() {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         }
         // SAFETY: this callback is reached through `qp->context->ops`, so `qp` is a live QP whose context is a
         // scripted device's, alive while its objects are used.
         let Some(device) = (unsafe { ScriptedDevice::from_context((*qp).context) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
         let mut model = device.model().borrow_mut();
         let Some(caps) = model.send_caps(qp) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
-        let mut posted = 0u32;
-        let mut cur = wr;
-        let mut rc = 0;
-        while !cur.is_null() {
-            // SAFETY: `cur` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
-            let req = unsafe { read_send_wr(cur, caps.max_send_sge) };
-            if let Err(errno) = model.post_send(qp, req) {
-                set_bad(cur);
-                rc = errno;
-                break;
-            }
-            posted += 1;
-            // SAFETY: as above.
-            cur = unsafe { (*cur).next };
-        }
+        let post = |cur: *mut ibv_send_wr| {
+            // SAFETY: `cur` is a WR of the caller's chain, valid for reads (`post_chain` hands on no other), with
+            // its SGE list as `ibv_post_send` requires.
+            model.post_send(qp, unsafe { read_send_wr(cur, caps.max_send_sge) })
+        };
+        // SAFETY: `wr` is the caller's WR chain, each element valid for reads as `ibv_post_send` requires.
+        let (posted, rc) = unsafe { post_chain(wr, bad_wr, post) };
         if posted > 0 {
             model.doorbell(qp);
         }
@@ -108,34 +87,21 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr,
 /// `ibv_post_recv`: as `post_send`, for receive WRs.
 pub(crate) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     guarded(libc::EIO, || {
-        let set_bad = |at: *mut ibv_recv_wr| {
-            if !bad_wr.is_null() {
-                // SAFETY: a non-NULL `bad_wr` is the caller's out-pointer, valid for a write.
-                unsafe { *bad_wr = at };
-            }
-        };
         if qp.is_null() {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         }
         // SAFETY: as in `post_send`.
         let Some(device) = (unsafe { ScriptedDevice::from_context((*qp).context) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
+            return refuse(bad_wr, wr, libc::EINVAL);
         };
         let mut model = device.model().borrow_mut();
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: `cur` is the caller's receive WR chain, valid for reads as `ibv_post_recv` requires.
+        let post = |cur: *mut ibv_recv_wr| {
+            // SAFETY: `cur` is a WR of the caller's chain, valid for reads (`post_chain` hands on no other).
             let w = unsafe { &*cur };
-            let null_sg_list = w.num_sge > 0 && w.sg_list.is_null();
-            if let Err(errno) = model.post_recv(qp, w.wr_id, w.num_sge, null_sg_list) {
-                set_bad(cur);
-                return errno;
-            }
-            cur = w.next;
-        }
-        0
+            model.post_recv(qp, w.wr_id, w.num_sge, w.num_sge > 0 && w.sg_list.is_null())
+        };
+        // SAFETY: `wr` is the caller's receive WR chain, valid for reads as `ibv_post_recv` requires.
+        unsafe { post_chain(wr, bad_wr, post) }.1
     })
 }
 
