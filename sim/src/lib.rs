@@ -69,8 +69,11 @@ pub mod scriptable;
 mod wr_chain;
 #[cfg(feature = "capi")]
 mod capi;
+mod context;
 
 pub use error::{Error, Result};
+
+use context::{ContextMark, ContextObj};
 
 use std::ffi::c_void;
 use std::marker::PhantomPinned;
@@ -311,24 +314,9 @@ pub struct Violation {
     pub text: String,
 }
 
-/// Identifies a context as one of ours (checked after `abi_compat` matches).
-const CONTEXT_MAGIC: u64 = 0x7371_645f_7369_6d30; // "sqd_sim0"
-
-/// A static whose (unique) address a sim context stores in `abi_compat`, so extended verbs report "not
-/// supported" on this device (it only has the four data-path ops).
+/// A sim device's context (see `context.rs`).
 static SENTINEL: u8 = 0;
-
-fn sentinel() -> *const c_void {
-    std::ptr::addr_of!(SENTINEL).cast()
-}
-
-/// The device's `ibv_context` and a way back to the device: `ctx` is the first field of a `repr(C)` struct.
-#[repr(C)]
-struct ContextObj {
-    ctx: ibv_context,
-    magic: u64,
-    device: *const SimDevice,
-}
+const CONTEXT_MARK: ContextMark = ContextMark { sentinel: &SENTINEL, magic: 0x7371_645f_7369_6d30 }; // "sqd_sim0"
 
 /// A simulated HCA: a real `struct ibv_context` and `struct ibv_pd`, and the MRs, CQs and QPs made on it.
 ///
@@ -339,7 +327,7 @@ struct ContextObj {
 /// stepping); each call holds the device-wide lock for its duration. Only `sqd_sim_free` and the
 /// `sqd_sim_destroy_*` calls must not race other calls on the objects they free.
 pub struct SimDevice {
-    ctx: *mut ContextObj,
+    ctx: *mut ContextObj<SimDevice>,
     pd: *mut ibv_pd,
     ibdev: *mut ibv_device,
     /// The device lock: every call into the model — data-path ops from any thread, control calls, stepping,
@@ -389,8 +377,7 @@ impl SimDevice {
         ctx.ops.poll_cq = Some(ops::poll_cq);
         ctx.ops.req_notify_cq = Some(ops::req_notify_cq);
         ctx.ops.post_srq_recv = Some(ops::post_srq_recv);
-        ctx.abi_compat = sentinel().cast_mut();
-        let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
+        let ctx = ContextObj::boxed(ctx, &CONTEXT_MARK);
         let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
         let model = match Model::new(*config, ctx.cast(), pd) {
             Ok(m) => m,
@@ -415,9 +402,9 @@ impl SimDevice {
             held: HeldObjects::new(),
             _pinned: PhantomPinned,
         });
-        // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
-        // The device is pinned, so the address stored stays valid until the device is dropped.
-        unsafe { (*ctx).device = &*device };
+        // SAFETY: `ctx` came from `boxed` above and is owned by `device`; nothing else refers to it yet. The
+        // device is pinned and frees the context when it is dropped.
+        unsafe { ContextObj::tie(ctx, &*device) };
         // `ibv_dereg_mr` cannot reach this device (it has no driver ops): the library's deferred deregistration
         // (`Queue::defer_teardown`, `sqd_defer_dereg_mr`) calls `dereg_for_library` instead; the library's handles
         // report what they hold into `held`.
@@ -440,22 +427,8 @@ impl SimDevice {
     /// `ctx` is NULL or points to a live `struct ibv_context`; when it is a sim device's, that device outlives
     /// `'a`.
     pub unsafe fn from_context<'a>(ctx: *mut ibv_context) -> Option<&'a SimDevice> {
-        if ctx.is_null() {
-            return None;
-        }
-        // SAFETY: the caller promises `ctx` points to a live context; only `abi_compat`, present in every
-        // `struct ibv_context`, is read before the context is known to be ours.
-        if !std::ptr::eq(unsafe { (*ctx).abi_compat }.cast_const(), sentinel()) {
-            return None;
-        }
-        let obj = ctx.cast::<ContextObj>();
-        // SAFETY: `abi_compat` is our sentinel, so `ctx` is the first field of a `ContextObj` made by `new`.
-        let (magic, device) = unsafe { ((*obj).magic, (*obj).device) };
-        if magic != CONTEXT_MAGIC || device.is_null() {
-            return None;
-        }
-        // SAFETY: `device` was set by `new` to the pinned device, alive for `'a` as the caller promises.
-        Some(unsafe { &*device })
+        // SAFETY: as the caller promises.
+        unsafe { ContextObj::device(ctx, &CONTEXT_MARK) }
     }
 
     /// The device that owns `qp`; `EINVAL` if it is NULL or not a live QP of a sim device.

@@ -56,20 +56,13 @@ use rdma_sys::{ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_s
 use crate::held::HeldObjects;
 pub use crate::scriptable::{Scriptable, ScriptedCqStats, ScriptedQpCaps, ScriptedQpStats, ScriptedWqe};
 use sqdisc_device::DeviceOps;
+use crate::context::{ContextMark, ContextObj};
 use crate::{Error, Result};
 use model::Model;
 
-/// Identifies a context as one of ours (checked after `abi_compat` matches).
-const CONTEXT_MAGIC: u64 = 0x7371_645f_7363_7270; // "sqd_scrp"
-
-/// A static whose (unique) address a scripted context stores in `abi_compat`. Providers built on libibverbs'
-/// extended context store a different value there, so extended verbs report "not supported" on this device,
-/// which is true: it only has the four data-path ops.
+/// A scripted device's context (see `context.rs`).
 static SENTINEL: u8 = 0;
-
-fn sentinel() -> *const std::ffi::c_void {
-    std::ptr::addr_of!(SENTINEL).cast()
-}
+const CONTEXT_MARK: ContextMark = ContextMark { sentinel: &SENTINEL, magic: 0x7371_645f_7363_7270 }; // "sqd_scrp"
 
 /// Every live scripted MR (by address) and the address of the device that registered it, so that an MR can be
 /// recognised, and traced to its device, without reading memory it points to. A device removes its entries
@@ -93,21 +86,12 @@ unsafe extern "C" fn dereg_for_library(_device: *mut std::ffi::c_void, mr: *mut 
     }
 }
 
-/// The device's `ibv_context` and a way back to the device. `ctx` is the first field of a `repr(C)` struct, so
-/// a `*mut ibv_context` handed out is also a pointer to this struct.
-#[repr(C)]
-struct ContextObj {
-    ctx: ibv_context,
-    magic: u64,
-    device: *const ScriptedDevice,
-}
-
 /// A scripted verbs device: a real `struct ibv_context` and `struct ibv_pd`, and the CQs and QPs made on it.
 ///
 /// The context's ops callbacks find the device through a pointer to it, so it never moves (it is made
 /// pinned). Freeing it frees every object it made. Not thread-safe: one thread at a time per device.
 pub struct ScriptedDevice {
-    ctx: *mut ContextObj,
+    ctx: *mut ContextObj<ScriptedDevice>,
     pd: *mut ibv_pd,
     ibdev: *mut ibv_device,
     model: RefCell<Model>,
@@ -145,8 +129,7 @@ impl ScriptedDevice {
         ctx.ops.post_recv = Some(ops::post_recv);
         ctx.ops.poll_cq = Some(ops::poll_cq);
         ctx.ops.req_notify_cq = Some(ops::req_notify_cq);
-        ctx.abi_compat = sentinel().cast_mut();
-        let ctx = Box::into_raw(Box::new(ContextObj { ctx, magic: CONTEXT_MAGIC, device: std::ptr::null() }));
+        let ctx = ContextObj::boxed(ctx, &CONTEXT_MARK);
         let pd = Box::into_raw(Box::new(ibv_pd { context: ctx.cast(), handle: 1 }));
 
         let device = Box::pin(ScriptedDevice {
@@ -157,9 +140,9 @@ impl ScriptedDevice {
             held: HeldObjects::new(),
             _pinned: PhantomPinned,
         });
-        // SAFETY: `ctx` came from `Box::into_raw` above and is owned by `device`; nothing else refers to it yet.
-        // The device is pinned, so the address stored stays valid until the device is dropped.
-        unsafe { (*ctx).device = &*device };
+        // SAFETY: `ctx` came from `boxed` above and is owned by `device`; nothing else refers to it yet. The
+        // device is pinned and frees the context when it is dropped.
+        unsafe { ContextObj::tie(ctx, &*device) };
         let ops = DeviceOps { dereg_mr: Some(dereg_for_library), ..DeviceOps::empty(std::ptr::null_mut()) };
         // SAFETY: `dereg_for_library` deregisters this device's MRs as `ibv_dereg_mr` would (it finds the device
         // by the MR's address and refuses MRs it does not know); `held`'s two functions outlive every hold. The
@@ -192,23 +175,8 @@ impl ScriptedDevice {
     /// `ctx` is NULL or points to a live `struct ibv_context`; when it is a scripted device's, that device
     /// outlives `'a`.
     pub unsafe fn from_context<'a>(ctx: *mut ibv_context) -> Option<&'a ScriptedDevice> {
-        if ctx.is_null() {
-            return None;
-        }
-        // SAFETY: the caller promises `ctx` points to a live context. Only `abi_compat` is read before the
-        // context is known to be ours, and it lies inside every `struct ibv_context`.
-        let ours = std::ptr::eq(unsafe { (*ctx).abi_compat }.cast_const(), sentinel());
-        if !ours {
-            return None;
-        }
-        let obj = ctx.cast::<ContextObj>();
-        // SAFETY: `abi_compat` is our sentinel, so `ctx` is the first field of a `ContextObj` made by `new`.
-        let (magic, device) = unsafe { ((*obj).magic, (*obj).device) };
-        if magic != CONTEXT_MAGIC || device.is_null() {
-            return None;
-        }
-        // SAFETY: `device` was set by `new` to the pinned device, alive for `'a` as the caller promises.
-        Some(unsafe { &*device })
+        // SAFETY: as the caller promises.
+        unsafe { ContextObj::device(ctx, &CONTEXT_MARK) }
     }
 
     /// The device that owns `qp`.
