@@ -252,6 +252,45 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
     })
 }
 
+/// What a release that is not the common success owes SPDK: an error completion (the provider's own for a WR
+/// that never reached the SQ, else the device's, counted in the ledger), and a log line for a modified buffer.
+#[cold]
+#[inline(never)]
+fn release_owed(c: &Completion, qp_num: u32, destroying: &Cell<bool>, ledger: &Ledger, pending: &Pending) {
+    if c.status != 0 && !destroying.get() {
+        if c.never_posted() && !c.is_recv() {
+            // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs
+            // would have flushed it with its own completion, signaled or not, and SPDK counts on it.
+            // A WR the device refused when it was posted from the backlog: SPDK took its flush as
+            // posted, so this completion is the only way to tell it; it carries the refusal.
+            let wc = if c.flags & SQD_COMPLETION_REFUSED != 0 {
+                if ledger.refused(c.vendor_err) {
+                    log_error(&format!(
+                        "qpair of QP {qp_num:#x}: the device refused WR {:#x} (wc opcode {}) with errno {} \
+                         when it was posted from the backlog; SPDK gets it as a completion with status \
+                         {} (not logged again for this qpair; counted in sqd_spdk_qp_counters.refused)",
+                        c.wr_id, c.opcode, c.vendor_err, c.status
+                    ));
+                }
+                error_wc(c.wr_id, c.opcode, qp_num, c.status, c.vendor_err)
+            } else {
+                flush_wc(c.wr_id, c.opcode, qp_num)
+            };
+            pending.borrow_mut().push_back(wc);
+            ledger.owe(c.wr_id, Origin::Own);
+        } else if !c.never_posted() {
+            // The device's CQE of this WR reaches SPDK in this poll.
+            ledger.owe(c.wr_id, if c.is_recv() { Origin::Recv } else { Origin::Send });
+        }
+    }
+    if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+        log_error(&format!(
+            "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
+            c.modified_sge, c.wr_id, c.opcode
+        ));
+    }
+}
+
 /// Puts the new QP under a queue of `domain`.
 fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_attr, srq: Option<&Guarded<srq::SrqState>>) -> Result<Guarded<QpState>, String> {
     let held = domain.lock();
@@ -290,37 +329,10 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             let destroying = destroying.clone();
             let ledger = ledger.clone();
             let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
-                if c.status != 0 && !destroying.get() {
-                    if c.never_posted() && !c.is_recv() {
-                        // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs
-                        // would have flushed it with its own completion, signaled or not, and SPDK counts on it.
-                        // A WR the device refused when it was posted from the backlog: SPDK took its flush as
-                        // posted, so this completion is the only way to tell it; it carries the refusal.
-                        let wc = if c.flags & SQD_COMPLETION_REFUSED != 0 {
-                            if ledger.refused(c.vendor_err) {
-                                log_error(&format!(
-                                    "qpair of QP {qp_num:#x}: the device refused WR {:#x} (wc opcode {}) with errno {} \
-                                     when it was posted from the backlog; SPDK gets it as a completion with status \
-                                     {} (not logged again for this qpair; counted in sqd_spdk_qp_counters.refused)",
-                                    c.wr_id, c.opcode, c.vendor_err, c.status
-                                ));
-                            }
-                            error_wc(c.wr_id, c.opcode, qp_num, c.status, c.vendor_err)
-                        } else {
-                            flush_wc(c.wr_id, c.opcode, qp_num)
-                        };
-                        pending.borrow_mut().push_back(wc);
-                        ledger.owe(c.wr_id, Origin::Own);
-                    } else if !c.never_posted() {
-                        // The device's CQE of this WR reaches SPDK in this poll.
-                        ledger.owe(c.wr_id, if c.is_recv() { Origin::Recv } else { Origin::Send });
-                    }
-                }
-                if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
-                    log_error(&format!(
-                        "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
-                        c.modified_sge, c.wr_id, c.opcode
-                    ));
+                // The common release (a success, nothing modified) owes SPDK nothing: two tests here, the rest
+                // out of line.
+                if (c.status != 0 && !destroying.get()) || c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+                    release_owed(c, qp_num, &destroying, &ledger, &pending);
                 }
             }));
             // SAFETY: as above.
