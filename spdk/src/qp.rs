@@ -28,8 +28,8 @@ pub(crate) struct ShimQp {
 pub(crate) struct QpState {
     pub queue: Queue,
     qp_num: u32,
-    /// The send CQ, whose gate a flush updates.
-    send_cq: *mut ibv_cq,
+    /// The send CQ, whose gate a flush updates (the domain's own, shared: it outlives the queue on it).
+    send: Rc<ManagedCq>,
     pending: Pending,
     /// Set while the qpair is destroyed: releases then owe SPDK nothing.
     destroying: Rc<Cell<bool>>,
@@ -134,7 +134,7 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
             return Err(e.message().to_owned());
         }
     }
-    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate, book: Default::default() });
+    state.cqs.push(Rc::new(ManagedCq { cq, sqd, pending: Pending::default(), gate, book: Default::default() }));
     Ok(())
 }
 
@@ -421,7 +421,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
                  signaled are still handed to SPDK (not logged again for this qpair): {what}"
             ))
         }));
-        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying, ledger })
+        Ok(QpState { queue, qp_num, send: send.clone(), pending, destroying, ledger })
     })();
     match result {
         Ok(state) => Ok(Guarded::new(domain.clone(), state)),
@@ -631,7 +631,7 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             return 0;
         };
         let Some(state) = &s.state else { return libc::EINVAL };
-        let result = state.with(|q, st| {
+        let result = state.with(|q, _| {
             // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
             let chain = unsafe { SendChain::from_raw(first) };
             let posted = q.queue.post_send(chain);
@@ -668,9 +668,7 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             };
             // The post may have left an idle tail to watch, or owed SPDK completions: the send CQ's next empty
             // poll must then go through sqdisc.
-            if let Some(m) = st.try_borrow().ok().as_ref().and_then(|st| st.cq(q.send_cq)) {
-                m.update_gate();
-            }
+            q.send.update_gate();
             result
         });
         // SAFETY: checked non-NULL above.
