@@ -785,10 +785,11 @@ unsafe fn poll_found_boundary(cell: &DomainCell, cq: *mut ibv_cq, n: c_int, wc: 
 /// As for [`poll_cq`]; `original` is the provider's op for `cq`.
 #[inline(always)]
 unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: Option<usize>) -> c_int {
-    if n <= 0 || wc.is_null() {
+    // CQEs found by the device's op are in `wc`, of `n` >= `found` > 0 entries: nothing to check.
+    if found.is_none() && (n <= 0 || wc.is_null()) {
         return 0;
     }
-    // SAFETY: `wc` holds `n` writable entries (caller's promise).
+    // SAFETY: `wc` holds `n` writable entries (caller's promise), `n` > 0 (checked, or the device's op found CQEs).
     let out = unsafe { std::slice::from_raw_parts_mut(wc, n as usize) };
     let held = cell.lock();
     let state = held.borrow();
