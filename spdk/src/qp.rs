@@ -618,6 +618,43 @@ pub extern "C" fn spdk_rdma_provider_qp_queue_send_wrs(qp: *mut ProviderQp, firs
     })
 }
 
+/// A flush's post that failed, as raw verbs would have answered it: the errno and the first WR not taken, or,
+/// for a failed QP, the WRs taken and their flush completions owed.
+#[cold]
+#[inline(never)]
+fn post_failed(q: &QpState, e: sqdisc::PostError<'_>) -> Result<(), (c_int, *mut ibv_send_wr)> {
+    match e.error.errno() {
+        libc::EIO if q.queue.stats().failed_status != 0 => {
+            // The QP failed: raw verbs would take these WRs and flush each with its own completion.
+            // Owe SPDK those, after the flushes of everything posted before them.
+            let mut owed = VecDeque::new();
+            let mut w = e.bad.as_ptr();
+            while !w.is_null() {
+                // SAFETY: SPDK's valid chain.
+                let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
+                owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
+                w = next;
+            }
+            let (pending, ledger) = (q.pending.clone(), q.ledger.clone());
+            let owe = move || {
+                for wc in &owed {
+                    ledger.owe(wc.wr_id, Origin::Own);
+                }
+                pending.borrow_mut().extend(owed);
+            };
+            match q.queue.defer(Deferred::Closure(Box::new(owe))) {
+                Ok(()) => Ok(()),
+                // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
+                Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
+            }
+        }
+        // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
+        // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
+        libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
+        errno => Err((errno, e.bad.as_ptr())),
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     crate::boundary(libc::EINVAL, || {
@@ -637,34 +674,7 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             let posted = q.queue.post_send(chain);
             let result = match posted {
                 Ok(()) => Ok(()),
-                Err(e) if e.error.errno() == libc::EIO && q.queue.stats().failed_status != 0 => {
-                    // The QP failed: raw verbs would take these WRs and flush each with its own completion.
-                    // Owe SPDK those, after the flushes of everything posted before them.
-                    let mut owed = VecDeque::new();
-                    let mut w = e.bad.as_ptr();
-                    while !w.is_null() {
-                        // SAFETY: SPDK's valid chain.
-                        let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
-                        owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
-                        w = next;
-                    }
-                    let (pending, ledger) = (q.pending.clone(), q.ledger.clone());
-                    let owe = move || {
-                        for wc in &owed {
-                            ledger.owe(wc.wr_id, Origin::Own);
-                        }
-                        pending.borrow_mut().extend(owed);
-                    };
-                    match q.queue.defer(Deferred::Closure(Box::new(owe))) {
-                        Ok(()) => Ok(()),
-                        // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
-                        Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
-                    }
-                }
-                // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
-                // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
-                Err(e) if e.error.errno() == libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
-                Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
+                Err(e) => post_failed(q, e),
             };
             // The post may have left an idle tail to watch, or owed SPDK completions: the send CQ's next empty
             // poll must then go through sqdisc.
