@@ -60,20 +60,27 @@ cg_poll() { # MODE POLLS: instructions callgrind counts for one run of spdk_poll
 }
 per_wr() { awk -v f="$1" -v z="$2" -v n="$3" 'BEGIN { printf "%.1f", (f - z) / n }'; }
 kv() { tr ' ' '\n' <<< "$2" | sed -n "s/^$1=//p"; }
-DEVICE_ONLY=(--toggle-collect=null_post_send --toggle-collect=null_post_recv --toggle-collect=null_poll_cq
-    --toggle-collect=null_post_send_echo --toggle-collect=null_post_recv_echo --toggle-collect=null_poll_cq_echo)
+# The device's ops of each row's loop. Only one set per row: null_post_send_echo calls null_post_send, and
+# callgrind's toggles of nested functions cancel (the inner call would be counted as outside the device).
+row_device() {
+    case $1 in
+        h1) echo "--toggle-collect=null_post_send_echo --toggle-collect=null_post_recv_echo --toggle-collect=null_poll_cq_echo" ;;
+        *) echo "--toggle-collect=null_post_send --toggle-collect=null_post_recv --toggle-collect=null_poll_cq" ;;
+    esac
+}
 
 declare -A instr excl allocs cqes bells
 for b in "${ROWS[@]}"; do
     w=$(row_wrs "$b")
     read -r -a rargs <<< "$(row_args "$b")"
+    read -r -a device_only <<< "$(row_device "$b")"
     for p in verbs sqdisc; do
         k=$p/$b
         args=("$p" "${rargs[@]}" -q "$QD")
         full=$(cg -- "${args[@]}" -n "$N")
         zero=$(cg -- "${args[@]}" -n 0)
-        sfull=$(cg "${DEVICE_ONLY[@]}" -- "${args[@]}" -n "$N")
-        szero=$(cg "${DEVICE_ONLY[@]}" -- "${args[@]}" -n 0)
+        sfull=$(cg "${device_only[@]}" -- "${args[@]}" -n "$N")
+        szero=$(cg "${device_only[@]}" -- "${args[@]}" -n 0)
         instr[$k]=$(per_wr "$full" "$zero" $((w * N)))
         excl[$k]=$(awk -v a="${instr[$k]}" -v s="$(per_wr "$sfull" "$szero" $((w * N)))" 'BEGIN { printf "%.1f", a - s }')
         # Steady state: a run of 2N requests minus a run of N, so that one-time growth (queues reaching their
@@ -101,9 +108,9 @@ done
 # device's op for a CQ with no managed QP on a patched context (target 5) and for a managed CQ (target 15).
 # Each limit that meets its target is held at the target; the others at the figure reached, plus a margin
 # (3% for the loops, whose counts only a change of the code moves).
-# Reached (2026-12-05, the tenth round): 4.00x, 3.33x (target loop), 4.62x (host loop); +5.0 (its target: held
-# there); +31.0.
-declare -A RATIO_MAX=([1]=4.12 [8]=3.43 [h1]=4.76)
+# Reached (2026-12-05, the provider's poll and flush paths thinned): 3.92x, 3.34x (target loop), 4.52x (host
+# loop); +5.0 (its target: held there); +31.0. The limit at 8 requests per flush stays at 3.43, below 3.34x + 3%.
+declare -A RATIO_MAX=([1]=4.04 [8]=3.43 [h1]=4.66)
 PASSTHROUGH_MAX=5
 MANAGED_MAX=36
 
@@ -129,7 +136,7 @@ if [ -n "$guard" ]; then
     exit
 fi
 
-# Where sqdisc's provider spends its instructions, per WR (docs/perf/spdk-batch{1,8}.txt): each entry point
+# Where sqdisc's provider spends its instructions, per WR (docs/perf/spdk-batch{1,8}.txt, spdk-host.txt): each entry point
 # inclusive (--toggle-collect, N-request run minus 0-request run), and what of it is the provider's own work.
 split() { # BATCH: one "name value" line per part
     local b=$1 t
@@ -169,6 +176,49 @@ profile_doc() { # BATCH DST
     } > "$dst"
 }
 
+# The same for the host's loop (docs/perf/spdk-host.txt): two lists, two flushes, one poll per request.
+host_doc() { # DST
+    local dst=$1 t
+    local args=(sqdisc -m host -b 1 -q "$QD")
+    local -A v
+    for t in spdk_rdma_provider_qp_queue_recv_wrs spdk_rdma_provider_qp_queue_send_wrs \
+        spdk_rdma_provider_qp_flush_recv_wrs sqdisc::queue::Queue::post_recv null_post_recv_echo \
+        spdk_rdma_provider_qp_flush_send_wrs sqdisc::queue::Queue::post_send null_post_send_echo \
+        'sqdisc_spdk::interpose::poll_cq' 'sqdisc::cq::CqShared::poll_found' null_poll_cq_echo; do
+        v[$t]=$(per_wr "$(cg "--toggle-collect=$t" -- "${args[@]}" -n "$N")" "$(cg "--toggle-collect=$t" -- "${args[@]}" -n 0)" $((2 * N)))
+    done
+    {
+        echo "callgrind split of sqdisc's SPDK provider in the host's loop (benches/spdk_bench.c -m host: per request one"
+        echo "response receive and one signaled capsule SEND, each queued on its list, both lists flushed, receives first,"
+        echo "1 request per flush, qd $QD, one ibv_poll_cq per flush) on the null provider in echo mode"
+        echo "(benches/null_provider.c). Produced by \`make bench-spdk\` (scripts/bench-spdk.sh). Instructions per WR:"
+        echo "each entry point inclusive (--toggle-collect, $N-request run minus 0-request run, / 2 WRs per request)."
+        echo
+        awk -v t="${instr[sqdisc/h1]}" -v vb="${instr[verbs/h1]}" -v qr="${v[spdk_rdma_provider_qp_queue_recv_wrs]}" \
+            -v qs="${v[spdk_rdma_provider_qp_queue_send_wrs]}" -v fr="${v[spdk_rdma_provider_qp_flush_recv_wrs]}" \
+            -v cr="${v[sqdisc::queue::Queue::post_recv]}" -v dr="${v[null_post_recv_echo]}" \
+            -v fs="${v[spdk_rdma_provider_qp_flush_send_wrs]}" -v cs="${v[sqdisc::queue::Queue::post_send]}" \
+            -v ds="${v[null_post_send_echo]}" -v p="${v[sqdisc_spdk::interpose::poll_cq]}" \
+            -v cq="${v[sqdisc::cq::CqShared::poll_found]}" -v dq="${v[null_poll_cq_echo]}" 'BEGIN {
+            printf "%9.1f  total (the bench table), against %.1f for the verbs provider\n", t, vb
+            printf "%9.1f  spdk_rdma_provider_qp_queue_recv_wrs and _send_wrs: the provider (the lists)\n", qr + qs
+            printf "%9.1f  spdk_rdma_provider_qp_flush_recv_wrs, of which:\n", fr
+            printf "%9.1f    the core'"'"'s Queue::post_recv, without the device\n", cr - dr
+            printf "%9.1f    the device'"'"'s post_recv\n", dr
+            printf "%9.1f    the provider'"'"'s own (list, domain lock, errno mapping)\n", fr - cr
+            printf "%9.1f  spdk_rdma_provider_qp_flush_send_wrs, of which:\n", fs
+            printf "%9.1f    the core'"'"'s Queue::post_send, without the device\n", cs - ds
+            printf "%9.1f    the device'"'"'s post_send (with the echo of the SEND into the receive)\n", ds
+            printf "%9.1f    the provider'"'"'s own (list, domain lock, errno mapping, gate)\n", fs - cs
+            printf "%9.1f  ibv_poll_cq through the provider'"'"'s poll_cq, of which:\n", p
+            printf "%9.1f    the core'"'"'s processing of the CQEs found (Cq::poll_found: releases, credits)\n", cq
+            printf "%9.1f    the device'"'"'s poll_cq\n", dq
+            printf "%9.1f    the provider'"'"'s own (route, turn, domain lock, owed flushes, gate)\n", p - cq - dq
+            printf "%9.1f  the rest: the request loop (fill WRs, admission, completion accounting)\n", t - qr - qs - fr - fs - p
+        }'
+    } > "$dst"
+}
+
 table=$out/table.md
 {
     echo "Measured $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` by \`make bench-spdk\`"
@@ -202,6 +252,7 @@ if [ "${BENCH_NO_DOC:-}" != 1 ]; then
     for b in "${BATCHES[@]}"; do
         profile_doc "$b" docs/perf/spdk-batch$b.txt
     done
+    host_doc docs/perf/spdk-host.txt
     for section in bench-spdk:"$table" bench-spdk-poll:"$poll_table"; do
         awk -v t="${section#*:}" -v b="<!-- ${section%%:*}:begin -->" -v e="<!-- ${section%%:*}:end -->" '
             $0 == b { print; while ((getline l < t) > 0) print l; skip = 1; next }

@@ -193,11 +193,12 @@ pub(crate) fn thread_id() -> usize {
 }
 
 pub(crate) struct DomainState {
-    pub cqs: Vec<ManagedCq>,
+    /// Shared with the qpairs that send on them, whose flushes update the gate with no lookup.
+    pub cqs: Vec<Rc<ManagedCq>>,
 }
 
 impl DomainState {
-    pub fn cq(&self, cq: *mut ibv_cq) -> Option<&ManagedCq> {
+    pub fn cq(&self, cq: *mut ibv_cq) -> Option<&Rc<ManagedCq>> {
         self.cqs.iter().find(|m| m.cq == cq)
     }
 }

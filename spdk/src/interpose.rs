@@ -603,11 +603,10 @@ unsafe fn route_owner_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, have_turn
 ///
 /// # Safety
 /// As for [`poll_cq`], with the slot's turn taken and `found` CQEs in `wc`.
-#[cold]
-#[inline(never)]
+#[inline(always)]
 unsafe fn route_owner_found(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
     // SAFETY: the caller's promise; the record's cell lives while it is held.
-    let got = with_owner(cq, |o| unsafe { poll_managed_boundary(&o.cell, o.poll, cq, n, wc, Some(found as usize)) });
+    let got = with_owner(cq, |o| unsafe { poll_found_boundary(&o.cell, cq, n, wc, found as usize) });
     OWNERS[bucket(cq as usize)].gate.leave();
     // Unmanaged meanwhile: the device's answer as it is.
     got.unwrap_or(found)
@@ -702,7 +701,7 @@ unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mu
     let found = unsafe { original(cq, n, wc) };
     if found > 0 {
         // SAFETY: the caller's promise; `found` CQEs are in `wc`, and this thread has the CQ's turn.
-        return unsafe { poll_gated_found(cell, gate, original, cq, n, wc, found) };
+        return unsafe { poll_gated_found(cell, gate, cq, n, wc, found) };
     }
     gate.leave();
     found
@@ -714,9 +713,9 @@ unsafe fn poll_gated(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mu
 /// As for [`poll_gated`], with the CQ's turn taken and `found` CQEs in `wc`.
 #[cold]
 #[inline(never)]
-unsafe fn poll_gated_found(cell: &DomainCell, gate: &CqGate, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
+unsafe fn poll_gated_found(cell: &DomainCell, gate: &CqGate, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: c_int) -> c_int {
     // SAFETY: the caller's promise.
-    let got = unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) };
+    let got = unsafe { poll_found_boundary(cell, cq, n, wc, found as usize) };
     gate.leave();
     got
 }
@@ -742,28 +741,41 @@ unsafe fn poll_gated_slow(cell: &DomainCell, gate: &CqGate, original: PollFn, cq
     let got = match entered {
         // A poll from inside this thread's own poll of the CQ: sqdisc refuses it, as it would without the gate.
         // SAFETY: the caller's promise.
-        Entered::Reentered => return unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) },
+        Entered::Reentered => return unsafe { poll_managed_boundary(cell, original, cq, n, wc) },
         // SAFETY: the caller's promise; this thread has the turn.
-        Entered::Sqdisc => unsafe { poll_managed_boundary(cell, original, cq, n, wc, None) },
+        Entered::Sqdisc => unsafe { poll_managed_boundary(cell, original, cq, n, wc) },
         // SAFETY: as in `poll_gated`; this thread has the turn.
         Entered::Device => match unsafe { original(cq, n, wc) } {
             found if found <= 0 => found,
             // SAFETY: the caller's promise; `found` CQEs are in `wc`.
-            found => unsafe { poll_managed_boundary(cell, original, cq, n, wc, Some(found as usize)) },
+            found => unsafe { poll_found_boundary(cell, cq, n, wc, found as usize) },
         },
     };
     gate.leave();
     got
 }
 
-/// [`poll_managed`] behind a panic boundary.
+/// [`poll_managed`] behind a panic boundary, for a poll that asks the device itself.
 ///
 /// # Safety
 /// As for [`poll_managed`].
 #[inline(never)]
-unsafe fn poll_managed_boundary(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: Option<usize>) -> c_int {
+unsafe fn poll_managed_boundary(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the caller's promise.
-    catch_unwind(AssertUnwindSafe(|| unsafe { poll_managed(cell, original, cq, n, wc, found) })).unwrap_or(-libc::EIO)
+    catch_unwind(AssertUnwindSafe(|| unsafe { poll_managed(cell, original, cq, n, wc, None) })).unwrap_or(-libc::EIO)
+}
+
+/// [`poll_managed`] behind a panic boundary, for the CQEs the device's op gave the caller: the common poll that
+/// finds work, compiled on its own so that it carries nothing of the other's path.
+///
+/// # Safety
+/// As for [`poll_managed`], with `found` > 0 CQEs in `wc`.
+#[inline(never)]
+unsafe fn poll_found_boundary(cell: &DomainCell, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: usize) -> c_int {
+    // This path never calls the device's op again (a CQ unmanaged meanwhile gets the device's answer as it is);
+    // `route_lookup`, which finds the op of the CQ's context, stands for it.
+    // SAFETY: the caller's promise.
+    catch_unwind(AssertUnwindSafe(|| unsafe { poll_managed(cell, route_lookup, cq, n, wc, Some(found)) })).unwrap_or(-libc::EIO)
 }
 
 /// Polls a managed CQ through sqdisc, under its domain's lock; with `found`, the device's op was called already
@@ -771,12 +783,13 @@ unsafe fn poll_managed_boundary(cell: &DomainCell, original: PollFn, cq: *mut ib
 ///
 /// # Safety
 /// As for [`poll_cq`]; `original` is the provider's op for `cq`.
-#[inline]
+#[inline(always)]
 unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, found: Option<usize>) -> c_int {
-    if n <= 0 || wc.is_null() {
+    // CQEs found by the device's op are in `wc`, of `n` >= `found` > 0 entries: nothing to check.
+    if found.is_none() && (n <= 0 || wc.is_null()) {
         return 0;
     }
-    // SAFETY: `wc` holds `n` writable entries (caller's promise).
+    // SAFETY: `wc` holds `n` writable entries (caller's promise), `n` > 0 (checked, or the device's op found CQEs).
     let out = unsafe { std::slice::from_raw_parts_mut(wc, n as usize) };
     let held = cell.lock();
     let state = held.borrow();
@@ -807,35 +820,42 @@ unsafe fn poll_managed(cell: &DomainCell, original: PollFn, cq: *mut ibv_cq, n: 
             }
             k as c_int
         }
-        Some(got) => {
-            let owed_before = m.pending.borrow().len();
-            match m.sqd.poll_found(out, got) {
-                Ok(mut k) if owed_before == 0 => {
-                    k += take_pending(&m.pending, &mut out[k..]);
-                    k as c_int
-                }
-                // Completions were owed before these CQEs (owed by another thread's flush since this poll's check):
-                // they go first, then these, then what these made due.
-                Ok(k) => {
-                    // SAFETY: `ibv_wc` is plain C data (no destructor, no pointers owned): a bitwise copy is a copy.
-                    let seen: Vec<ibv_wc> = out[..k].iter().map(|w| unsafe { std::ptr::read(w) }).collect();
-                    {
-                        let mut p = m.pending.borrow_mut();
-                        let newer: Vec<ibv_wc> = p.drain(owed_before..).collect();
-                        p.extend(seen);
-                        p.extend(newer);
-                    }
-                    take_pending(&m.pending, out) as c_int
-                }
-                Err(e) => -e.errno(),
+        Some(got) if m.pending.borrow().is_empty() => match m.sqd.poll_found(out, got) {
+            Ok(mut k) => {
+                k += take_pending(&m.pending, &mut out[k..]);
+                k as c_int
             }
-        }
+            Err(e) => -e.errno(),
+        },
+        Some(got) => found_after_owed(m, out, got),
     };
     if result > 0 {
         m.book.scan(&m.sqd, &out[..result as usize]);
     }
     m.update_gate();
     result
+}
+
+/// [`poll_managed`]'s CQEs found while completions were owed before them (owed by another thread's flush since
+/// the poll's check): they go first, then these, then what these made due.
+#[cold]
+#[inline(never)]
+fn found_after_owed(m: &crate::domain::ManagedCq, out: &mut [ibv_wc], got: usize) -> c_int {
+    let owed_before = m.pending.borrow().len();
+    match m.sqd.poll_found(out, got) {
+        Ok(k) => {
+            // SAFETY: `ibv_wc` is plain C data (no destructor, no pointers owned): a bitwise copy is a copy.
+            let seen: Vec<ibv_wc> = out[..k].iter().map(|w| unsafe { std::ptr::read(w) }).collect();
+            {
+                let mut p = m.pending.borrow_mut();
+                let newer: Vec<ibv_wc> = p.drain(owed_before..).collect();
+                p.extend(seen);
+                p.extend(newer);
+            }
+            take_pending(&m.pending, out) as c_int
+        }
+        Err(e) => -e.errno(),
+    }
 }
 
 #[inline(always)]

@@ -28,8 +28,8 @@ pub(crate) struct ShimQp {
 pub(crate) struct QpState {
     pub queue: Queue,
     qp_num: u32,
-    /// The send CQ, whose gate a flush updates.
-    send_cq: *mut ibv_cq,
+    /// The send CQ, whose gate a flush updates (the domain's own, shared: it outlives the queue on it).
+    send: Rc<ManagedCq>,
     pending: Pending,
     /// Set while the qpair is destroyed: releases then owe SPDK nothing.
     destroying: Rc<Cell<bool>>,
@@ -134,7 +134,7 @@ fn ensure_cq(state: &mut DomainState, domain: &Arc<Domain>, cq: *mut ibv_cq) -> 
             return Err(e.message().to_owned());
         }
     }
-    state.cqs.push(ManagedCq { cq, sqd, pending: Pending::default(), gate, book: Default::default() });
+    state.cqs.push(Rc::new(ManagedCq { cq, sqd, pending: Pending::default(), gate, book: Default::default() }));
     Ok(())
 }
 
@@ -252,6 +252,45 @@ pub extern "C" fn spdk_rdma_provider_qp_create(cm_id: *mut rdma_sys::rdma_cm_id,
     })
 }
 
+/// What a release that is not the common success owes SPDK: an error completion (the provider's own for a WR
+/// that never reached the SQ, else the device's, counted in the ledger), and a log line for a modified buffer.
+#[cold]
+#[inline(never)]
+fn release_owed(c: &Completion, qp_num: u32, destroying: &Cell<bool>, ledger: &Ledger, pending: &Pending) {
+    if c.status != 0 && !destroying.get() {
+        if c.never_posted() && !c.is_recv() {
+            // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs
+            // would have flushed it with its own completion, signaled or not, and SPDK counts on it.
+            // A WR the device refused when it was posted from the backlog: SPDK took its flush as
+            // posted, so this completion is the only way to tell it; it carries the refusal.
+            let wc = if c.flags & SQD_COMPLETION_REFUSED != 0 {
+                if ledger.refused(c.vendor_err) {
+                    log_error(&format!(
+                        "qpair of QP {qp_num:#x}: the device refused WR {:#x} (wc opcode {}) with errno {} \
+                         when it was posted from the backlog; SPDK gets it as a completion with status \
+                         {} (not logged again for this qpair; counted in sqd_spdk_qp_counters.refused)",
+                        c.wr_id, c.opcode, c.vendor_err, c.status
+                    ));
+                }
+                error_wc(c.wr_id, c.opcode, qp_num, c.status, c.vendor_err)
+            } else {
+                flush_wc(c.wr_id, c.opcode, qp_num)
+            };
+            pending.borrow_mut().push_back(wc);
+            ledger.owe(c.wr_id, Origin::Own);
+        } else if !c.never_posted() {
+            // The device's CQE of this WR reaches SPDK in this poll.
+            ledger.owe(c.wr_id, if c.is_recv() { Origin::Recv } else { Origin::Send });
+        }
+    }
+    if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+        log_error(&format!(
+            "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
+            c.modified_sge, c.wr_id, c.opcode
+        ));
+    }
+}
+
 /// Puts the new QP under a queue of `domain`.
 fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_attr, srq: Option<&Guarded<srq::SrqState>>) -> Result<Guarded<QpState>, String> {
     let held = domain.lock();
@@ -290,37 +329,10 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
             let destroying = destroying.clone();
             let ledger = ledger.clone();
             let release = ReleaseHandler::Closure(Box::new(move |c: &Completion| {
-                if c.status != 0 && !destroying.get() {
-                    if c.never_posted() && !c.is_recv() {
-                        // A WR flushed from the backlog never reached the SQ, so no CQE will say so: raw verbs
-                        // would have flushed it with its own completion, signaled or not, and SPDK counts on it.
-                        // A WR the device refused when it was posted from the backlog: SPDK took its flush as
-                        // posted, so this completion is the only way to tell it; it carries the refusal.
-                        let wc = if c.flags & SQD_COMPLETION_REFUSED != 0 {
-                            if ledger.refused(c.vendor_err) {
-                                log_error(&format!(
-                                    "qpair of QP {qp_num:#x}: the device refused WR {:#x} (wc opcode {}) with errno {} \
-                                     when it was posted from the backlog; SPDK gets it as a completion with status \
-                                     {} (not logged again for this qpair; counted in sqd_spdk_qp_counters.refused)",
-                                    c.wr_id, c.opcode, c.vendor_err, c.status
-                                ));
-                            }
-                            error_wc(c.wr_id, c.opcode, qp_num, c.status, c.vendor_err)
-                        } else {
-                            flush_wc(c.wr_id, c.opcode, qp_num)
-                        };
-                        pending.borrow_mut().push_back(wc);
-                        ledger.owe(c.wr_id, Origin::Own);
-                    } else if !c.never_posted() {
-                        // The device's CQE of this WR reaches SPDK in this poll.
-                        ledger.owe(c.wr_id, if c.is_recv() { Origin::Recv } else { Origin::Send });
-                    }
-                }
-                if c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
-                    log_error(&format!(
-                        "qpair {qp_num:#x}: SGE {} of WR {:#x} (wc opcode {}) was written while the HCA could still read it",
-                        c.modified_sge, c.wr_id, c.opcode
-                    ));
+                // The common release (a success, nothing modified) owes SPDK nothing: two tests here, the rest
+                // out of line.
+                if (c.status != 0 && !destroying.get()) || c.flags & SQD_COMPLETION_BUFFER_MODIFIED != 0 {
+                    release_owed(c, qp_num, &destroying, &ledger, &pending);
                 }
             }));
             // SAFETY: as above.
@@ -409,7 +421,7 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
                  signaled are still handed to SPDK (not logged again for this qpair): {what}"
             ))
         }));
-        Ok(QpState { queue, qp_num, send_cq: init.send_cq, pending, destroying, ledger })
+        Ok(QpState { queue, qp_num, send: send.clone(), pending, destroying, ledger })
     })();
     match result {
         Ok(state) => Ok(Guarded::new(domain.clone(), state)),
@@ -606,6 +618,43 @@ pub extern "C" fn spdk_rdma_provider_qp_queue_send_wrs(qp: *mut ProviderQp, firs
     })
 }
 
+/// A flush's post that failed, as raw verbs would have answered it: the errno and the first WR not taken, or,
+/// for a failed QP, the WRs taken and their flush completions owed.
+#[cold]
+#[inline(never)]
+fn post_failed(q: &QpState, e: sqdisc::PostError<'_>) -> Result<(), (c_int, *mut ibv_send_wr)> {
+    match e.error.errno() {
+        libc::EIO if q.queue.stats().failed_status != 0 => {
+            // The QP failed: raw verbs would take these WRs and flush each with its own completion.
+            // Owe SPDK those, after the flushes of everything posted before them.
+            let mut owed = VecDeque::new();
+            let mut w = e.bad.as_ptr();
+            while !w.is_null() {
+                // SAFETY: SPDK's valid chain.
+                let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
+                owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
+                w = next;
+            }
+            let (pending, ledger) = (q.pending.clone(), q.ledger.clone());
+            let owe = move || {
+                for wc in &owed {
+                    ledger.owe(wc.wr_id, Origin::Own);
+                }
+                pending.borrow_mut().extend(owed);
+            };
+            match q.queue.defer(Deferred::Closure(Box::new(owe))) {
+                Ok(()) => Ok(()),
+                // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
+                Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
+            }
+        }
+        // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
+        // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
+        libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
+        errno => Err((errno, e.bad.as_ptr())),
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     crate::boundary(libc::EINVAL, || {
@@ -619,46 +668,17 @@ pub extern "C" fn spdk_rdma_provider_qp_flush_send_wrs(qp: *mut ProviderQp, bad_
             return 0;
         };
         let Some(state) = &s.state else { return libc::EINVAL };
-        let result = state.with(|q, st| {
+        let result = state.with(|q, _| {
             // SAFETY: SPDK's queued chain, valid for this call (and, for WRs the queue parks, copied).
             let chain = unsafe { SendChain::from_raw(first) };
             let posted = q.queue.post_send(chain);
             let result = match posted {
                 Ok(()) => Ok(()),
-                Err(e) if e.error.errno() == libc::EIO && q.queue.stats().failed_status != 0 => {
-                    // The QP failed: raw verbs would take these WRs and flush each with its own completion.
-                    // Owe SPDK those, after the flushes of everything posted before them.
-                    let mut owed = VecDeque::new();
-                    let mut w = e.bad.as_ptr();
-                    while !w.is_null() {
-                        // SAFETY: SPDK's valid chain.
-                        let (wr_id, opcode, next) = unsafe { ((*w).wr_id, (*w).opcode, (*w).next) };
-                        owed.push_back(flush_wc(wr_id, sqdisc::verbs::wc_opcode_of(opcode).map_or(0, u32::from), q.qp_num));
-                        w = next;
-                    }
-                    let (pending, ledger) = (q.pending.clone(), q.ledger.clone());
-                    let owe = move || {
-                        for wc in &owed {
-                            ledger.owe(wc.wr_id, Origin::Own);
-                        }
-                        pending.borrow_mut().extend(owed);
-                    };
-                    match q.queue.defer(Deferred::Closure(Box::new(owe))) {
-                        Ok(()) => Ok(()),
-                        // No memory to owe them: refuse them as raw verbs refuses a post to a failed QP.
-                        Err(_) => Err((e.error.errno(), e.bad.as_ptr())),
-                    }
-                }
-                // No SQ slot and no room to park (the qpair's backlog full, or its CQ's backlog pool at its
-                // limit): what a full SQ gives raw verbs. The WRs from `bad` on stay SPDK's, untouched.
-                Err(e) if e.error.errno() == libc::EAGAIN => Err((libc::ENOMEM, e.bad.as_ptr())),
-                Err(e) => Err((e.error.errno(), e.bad.as_ptr())),
+                Err(e) => post_failed(q, e),
             };
             // The post may have left an idle tail to watch, or owed SPDK completions: the send CQ's next empty
             // poll must then go through sqdisc.
-            if let Some(m) = st.try_borrow().ok().as_ref().and_then(|st| st.cq(q.send_cq)) {
-                m.update_gate();
-            }
+            q.send.update_gate();
             result
         });
         // SAFETY: checked non-NULL above.
