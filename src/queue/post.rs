@@ -280,6 +280,9 @@ impl QueueShared {
             None
         };
         if let Some((send_flags, op, credits)) = plain_one {
+            if send_flags & SEND_SIGNALED == 0 && st.send.quiet_next(credits) {
+                return self.post_quiet_one(st, first, op, done, failed);
+            }
             let result = self.post_one(st, first, send_flags, op, credits);
             self.settle_tail(st);
             return match result {
@@ -360,6 +363,43 @@ impl QueueShared {
             Ok(()) => done(),
             Err(e) => failed(e),
         }
+    }
+
+    /// A post of one plain WR (`plain_wc_opcode` gave `op`) that neither the ULP nor the policy signals
+    /// (`SendState::quiet_next`): `post_one` without the signal, so that its outcome is known to leave an
+    /// unsignaled tail (`settle_quiet_tail`). Its wr_id is kept in a local to restore it.
+    #[inline(always)]
+    fn post_quiet_one<'a, R>(
+        &self,
+        st: &mut QueueState,
+        w: WrPtr<'a>,
+        op: u8,
+        done: impl FnOnce() -> R,
+        failed: impl FnOnce(PostError<'a>) -> R,
+    ) -> R {
+        let wr_id = w.wr_id();
+        let seq = st.send.admit_quiet_one(wr_id, op);
+        w.set_wr_id(Token::from_base(self.send_token, seq).0);
+        let r = self.qp.post_chain(w);
+        st.doorbells += 1;
+        if !self.no_restore || r.is_err() {
+            w.set_wr_id(wr_id);
+        }
+        if let Err(f) = r {
+            return failed(self.quiet_one_refused(st, w, f));
+        }
+        self.settle_quiet_tail(st);
+        done()
+    }
+
+    /// The provider refused the WR of `post_quiet_one`: what `post_one` and `settle_tail` do then.
+    #[cold]
+    #[inline(never)]
+    fn quiet_one_refused<'a>(&self, st: &mut QueueState, w: WrPtr<'a>, f: PostFailure) -> PostError<'a> {
+        let run = Run { first: w, last: w, len: 1, added: Added::default() };
+        let e = self.run_refused(st, run, f);
+        self.settle_tail(st);
+        e
     }
 
     /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a
