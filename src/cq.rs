@@ -574,22 +574,26 @@ impl CqShared {
             self.cover_idle_tails(false);
             return done(0);
         }
-        match self.handle.poll(out) {
-            Ok(0) => {
-                bump(&self.counts.idle_polls, 1);
-                self.cover_idle_tails(false);
-                done(0)
-            }
-            Ok(found) => {
-                self.polling.set(true);
-                let _guard = ResetOnDrop(&self.polling);
-                self.poll_found(out, found, done, failed)
-            }
-            Err(e) => {
-                bump(&self.counts.busy_polls, 1);
-                failed(e)
-            }
+        let got = self.handle.poll_raw(out);
+        if got == 0 {
+            bump(&self.counts.idle_polls, 1);
+            self.cover_idle_tails(false);
+            return done(0);
         }
+        if got < 0 {
+            return failed(self.poll_failed(got));
+        }
+        self.polling.set(true);
+        let _guard = ResetOnDrop(&self.polling);
+        self.poll_found(out, (got as usize).min(out.len()), done, failed)
+    }
+
+    /// The provider's first call of a poll failed with `got` (< 0): the CQ is in error.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&self, got: i32) -> Error {
+        bump(&self.counts.busy_polls, 1);
+        crate::verbs::poll_failed(got)
     }
 
     /// `poll_then` with the provider's first call made by the caller (`Cq::poll_found`).
