@@ -273,6 +273,10 @@ impl QueueShared {
             let credits = st.send.credits();
             let shape = first.shape();
             match plain_wc_opcode(&shape, &self.limits) {
+                // The commonest: a WR that neither the ULP nor the policy signals.
+                Some(op) if shape.send_flags & SEND_SIGNALED == 0 && st.send.quiet_next(credits) => {
+                    return self.post_quiet_one(st, first, op, done, failed);
+                }
                 Some(op) if credits > 0 => Some((shape.send_flags, op, credits)),
                 _ => None,
             }
@@ -280,9 +284,6 @@ impl QueueShared {
             None
         };
         if let Some((send_flags, op, credits)) = plain_one {
-            if send_flags & SEND_SIGNALED == 0 && st.send.quiet_next(credits) {
-                return self.post_quiet_one(st, first, op, done, failed);
-            }
             let result = self.post_one(st, first, send_flags, op, credits);
             self.settle_tail(st);
             return match result {
