@@ -126,8 +126,9 @@ pub(crate) struct CqShared {
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
-    /// Poll cycles: bumped at the end of every idle-tail pass. A queue remembers the cycle in which it last left
-    /// an unsignaled tail (`QueueShared::tail_left`), so that the pass needs no per-queue flag reset.
+    /// Poll cycles: bumped at the end of every idle-tail pass (so by every idle poll: `Counts::idle_polls`). A
+    /// queue remembers the cycle in which it last left an unsignaled tail (`QueueShared::tail_left`), so that the
+    /// pass needs no per-queue flag reset.
     cycle: Cell<u64>,
     /// Entries in `CqState::watch` (kept here so that the end of a poll reads it without a borrow).
     watching: Cell<u32>,
@@ -182,11 +183,13 @@ struct Entry {
 /// `CqStats` counters bumped on every poll or CQE.
 #[derive(Default)]
 struct Counts {
-    /// Every other poll: its first provider call found CQEs or failed, or it had no room (`polls()` adds
-    /// `idle_polls`).
+    /// Every other poll: its first provider call found CQEs or failed, or it had no room (`polls()` adds the
+    /// idle polls).
     busy_polls: Cell<u64>,
-    /// Polls whose first provider call found the CQ empty: the common poll bumps this counter alone.
-    idle_polls: Cell<u64>,
+    /// The poll cycles (`CqShared::cycle`) not ended by an idle poll, one whose first provider call found the CQ
+    /// empty: every idle poll ends a cycle and bumps no counter of its own, so that the idle polls are the
+    /// cycles less these (`idle_polls`).
+    other_cycles: Cell<u64>,
     cqes: Cell<u64>,
     visible: Cell<u64>,
     hidden: Cell<u64>,
@@ -197,12 +200,16 @@ struct Counts {
 }
 
 impl Counts {
-    fn polls(&self) -> u64 {
-        self.busy_polls.get() + self.idle_polls.get()
+    /// Polls whose first provider call found the CQ empty, with `cycle` the CQ's poll cycle.
+    fn idle_polls(&self, cycle: u64) -> u64 {
+        cycle - self.other_cycles.get()
+    }
+    fn polls(&self, cycle: u64) -> u64 {
+        self.busy_polls.get() + self.idle_polls(cycle)
     }
     /// Polls that found the CQ empty (ended before filling the caller's array).
-    fn empty_polls(&self) -> u64 {
-        self.idle_polls.get() + self.short_polls.get()
+    fn empty_polls(&self, cycle: u64) -> u64 {
+        self.idle_polls(cycle) + self.short_polls.get()
     }
 }
 
@@ -299,7 +306,7 @@ impl Cq {
         CqStats {
             reserved: st.budget.reserved(),
             queues: st.budget.queues(),
-            polls: n.polls(),
+            polls: n.polls(self.shared.cycle.get()),
             cqes: n.cqes.get(),
             visible: n.visible.get(),
             hidden: n.hidden.get(),
@@ -374,6 +381,7 @@ impl Cq {
         self.shared.handle.req_notify(solicited_only)?;
         let n = self.shared.poll(out)?;
         if n == 0 {
+            bump(&self.shared.counts.other_cycles, 1);
             self.shared.cover_idle_tails(true);
         }
         self.shared.armed.set(true);
@@ -483,7 +491,7 @@ impl CqShared {
     }
 
     pub(crate) fn empty_polls(&self) -> u64 {
-        self.counts.empty_polls()
+        self.counts.empty_polls(self.cycle.get())
     }
 
     /// Puts the queue object in its table slot (after the queue is built), weakly: the queue owns this CQ.
@@ -571,12 +579,13 @@ impl CqShared {
         // none), so nothing can re-enter the poll: `polling` is set only around the reaping.
         if out.is_empty() {
             bump(&self.counts.busy_polls, 1);
+            bump(&self.counts.other_cycles, 1);
             self.cover_idle_tails(false);
             return done(0);
         }
         let got = self.handle.poll_raw(out);
         if got == 0 {
-            bump(&self.counts.idle_polls, 1);
+            // An idle poll: counted by the cycle it ends (`Counts::idle_polls`).
             self.cover_idle_tails(false);
             return done(0);
         }
@@ -604,7 +613,10 @@ impl CqShared {
         let _guard = ResetOnDrop(&self.polling);
         self.armed.set(false);
         if found == 0 {
-            bump(if out.is_empty() { &self.counts.busy_polls } else { &self.counts.idle_polls }, 1);
+            if out.is_empty() {
+                bump(&self.counts.busy_polls, 1);
+                bump(&self.counts.other_cycles, 1);
+            }
             self.cover_idle_tails(false);
             return Ok(0);
         }
@@ -623,6 +635,7 @@ impl CqShared {
         bump(&self.counts.busy_polls, 1);
         match self.reap_batches(out, found) {
             Ok(kept) => {
+                bump(&self.counts.other_cycles, 1);
                 self.cover_idle_tails(false);
                 bump(&self.counts.visible, kept as u64);
                 done(kept)
