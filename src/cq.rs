@@ -120,7 +120,9 @@ pub(crate) struct CqShared {
     state: RefCell<CqState>,
     /// The counters the data path bumps, kept out of `state` so that bumping one takes no borrow.
     counts: Counts,
-    polling: Cell<bool>,
+    /// `POLLING` while a poll reaps (a poll from a callback is refused), and `LOCKED` for a CQ with a `lock`:
+    /// the C API's common poll tests both with one load (`is_open`).
+    gate: Cell<u8>,
     /// `arm` armed the CQ and no poll has run since: the ULP may be asleep on the channel, so no poll may come
     /// to cover an unsignaled tail. A post that leaves one covers it at once instead (`QueueShared::post_send`).
     armed: Cell<bool>,
@@ -253,7 +255,7 @@ impl Cq {
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 counts: Counts::default(),
-                polling: Cell::new(false),
+                gate: Cell::new(if thread_safe { LOCKED } else { 0 }),
                 armed: Cell::new(false),
                 cycle: Cell::new(0),
                 watching: Cell::new(0),
@@ -336,7 +338,7 @@ impl Cq {
 
     /// Fails with `EBUSY` while queues are attached.
     pub fn check_free(&self) -> Result<()> {
-        if self.shared.polling.get() {
+        if self.shared.is_polling() {
             return Err(Error::new(libc::EBUSY, "the CQ is being polled (called from one of its callbacks)"));
         }
         let n = self.queue_count();
@@ -570,9 +572,39 @@ impl CqShared {
         done: impl FnOnce(usize) -> R,
         failed: impl FnOnce(Error) -> R,
     ) -> R {
-        if self.polling.get() {
+        if self.is_polling() {
             return reentered(failed);
         }
+        self.poll_open(out, done, failed)
+    }
+
+    /// Neither being polled nor carrying a lock: `poll_open` may run.
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
+    #[inline(always)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.gate.get() == 0
+    }
+
+    /// A poll runs and reaps (a poll from one of its callbacks is refused).
+    #[inline]
+    fn is_polling(&self) -> bool {
+        self.gate.get() & POLLING != 0
+    }
+
+    #[inline(always)]
+    fn set_polling(&self, on: bool) {
+        self.gate.set(self.gate.get() & !POLLING | if on { POLLING } else { 0 });
+    }
+
+    /// `poll_then` for a caller that knows the CQ is not being polled (`is_open`, or `is_polling` tested).
+    #[inline(always)]
+    pub(crate) fn poll_open<R>(
+        &self,
+        out: &mut [ibv_wc],
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
+        debug_assert!(!self.is_polling());
         self.armed.set(false);
         // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
         // Until CQEs are found no callback can run (the provider never calls back, and the idle-tail pass runs
@@ -592,8 +624,8 @@ impl CqShared {
         if got < 0 {
             return failed(self.poll_failed(got));
         }
-        self.polling.set(true);
-        let _guard = ResetOnDrop(&self.polling);
+        self.set_polling(true);
+        let _guard = PollingGuard(self);
         self.poll_found(out, (got as usize).min(out.len()), done, failed)
     }
 
@@ -607,10 +639,11 @@ impl CqShared {
 
     /// `poll_then` with the provider's first call made by the caller (`Cq::poll_found`).
     fn poll_found_by_caller(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
-        if self.polling.replace(true) {
+        if self.is_polling() {
             return reentered(Err);
         }
-        let _guard = ResetOnDrop(&self.polling);
+        self.set_polling(true);
+        let _guard = PollingGuard(self);
         self.armed.set(false);
         if found == 0 {
             if out.is_empty() {
@@ -827,11 +860,16 @@ fn reentered<R>(failed: impl FnOnce(Error) -> R) -> R {
     failed(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"))
 }
 
-struct ResetOnDrop<'a>(&'a Cell<bool>);
+/// `CqShared::gate`'s bits.
+const POLLING: u8 = 1;
+const LOCKED: u8 = 2;
 
-impl Drop for ResetOnDrop<'_> {
+/// Ends a poll's reaping (`CqShared::set_polling`), on return or unwind.
+struct PollingGuard<'a>(&'a CqShared);
+
+impl Drop for PollingGuard<'_> {
     fn drop(&mut self) {
-        self.0.set(false);
+        self.0.set_polling(false);
     }
 }
 
