@@ -406,6 +406,8 @@ impl Cq {
     /// (and polls again while the CQ fills `out`). With [`Cq::has_watched_tails`] false and no CQE found, it only
     /// counts the poll: a caller that skips the call for such empty polls loses nothing but that count. For a
     /// layer that must see the provider's answer before it takes the lock that guards this CQ.
+    /// In line in the caller's crate (the SPDK provider's poll), as the poll's common path is.
+    #[inline]
     pub fn poll_found(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
         self.shared.poll_found_by_caller(out, found.min(out.len()))
     }
@@ -638,6 +640,7 @@ impl CqShared {
     }
 
     /// `poll_then` with the provider's first call made by the caller (`Cq::poll_found`).
+    #[inline]
     fn poll_found_by_caller(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
         if self.is_polling() {
             return reentered(Err);
