@@ -610,7 +610,7 @@ impl CqShared {
         self.armed.set(false);
         // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
         // Until CQEs are found no callback can run (the provider never calls back, and the idle-tail pass runs
-        // none), so nothing can re-enter the poll: `polling` is set only around the reaping.
+        // none), so nothing can re-enter the poll: `POLLING` is set only around the reaping.
         if out.is_empty() {
             bump(&self.counts.busy_polls, 1);
             bump(&self.counts.other_cycles, 1);
