@@ -120,14 +120,17 @@ pub(crate) struct CqShared {
     state: RefCell<CqState>,
     /// The counters the data path bumps, kept out of `state` so that bumping one takes no borrow.
     counts: Counts,
-    polling: Cell<bool>,
+    /// `POLLING` while a poll reaps (a poll from a callback is refused), and `LOCKED` for a CQ with a `lock`:
+    /// the C API's common poll tests both with one load (`is_open`).
+    gate: Cell<u8>,
     /// `arm` armed the CQ and no poll has run since: the ULP may be asleep on the channel, so no poll may come
     /// to cover an unsignaled tail. A post that leaves one covers it at once instead (`QueueShared::post_send`).
     armed: Cell<bool>,
     /// Set in thread-safe mode: the C layer holds it around every call on the CQ and its queues.
     pub(crate) lock: Option<Arc<CqLock>>,
-    /// Poll cycles: bumped at the end of every idle-tail pass. A queue remembers the cycle in which it last left
-    /// an unsignaled tail (`QueueShared::tail_left`), so that the pass needs no per-queue flag reset.
+    /// Poll cycles: bumped at the end of every idle-tail pass (so by every idle poll: `Counts::idle_polls`). A
+    /// queue remembers the cycle in which it last left an unsignaled tail (`QueueShared::tail_left`), so that the
+    /// pass needs no per-queue flag reset.
     cycle: Cell<u64>,
     /// Entries in `CqState::watch` (kept here so that the end of a poll reads it without a borrow).
     watching: Cell<u32>,
@@ -182,11 +185,13 @@ struct Entry {
 /// `CqStats` counters bumped on every poll or CQE.
 #[derive(Default)]
 struct Counts {
-    /// Every other poll: its first provider call found CQEs or failed, or it had no room (`polls()` adds
-    /// `idle_polls`).
+    /// Every other poll: its first provider call found CQEs or failed, or it had no room (`polls()` adds the
+    /// idle polls).
     busy_polls: Cell<u64>,
-    /// Polls whose first provider call found the CQ empty: the common poll bumps this counter alone.
-    idle_polls: Cell<u64>,
+    /// The poll cycles (`CqShared::cycle`) not ended by an idle poll, one whose first provider call found the CQ
+    /// empty: every idle poll ends a cycle and bumps no counter of its own, so that the idle polls are the
+    /// cycles less these (`idle_polls`).
+    other_cycles: Cell<u64>,
     cqes: Cell<u64>,
     visible: Cell<u64>,
     hidden: Cell<u64>,
@@ -197,12 +202,16 @@ struct Counts {
 }
 
 impl Counts {
-    fn polls(&self) -> u64 {
-        self.busy_polls.get() + self.idle_polls.get()
+    /// Polls whose first provider call found the CQ empty, with `cycle` the CQ's poll cycle.
+    fn idle_polls(&self, cycle: u64) -> u64 {
+        cycle - self.other_cycles.get()
+    }
+    fn polls(&self, cycle: u64) -> u64 {
+        self.busy_polls.get() + self.idle_polls(cycle)
     }
     /// Polls that found the CQ empty (ended before filling the caller's array).
-    fn empty_polls(&self) -> u64 {
-        self.idle_polls.get() + self.short_polls.get()
+    fn empty_polls(&self, cycle: u64) -> u64 {
+        self.idle_polls(cycle) + self.short_polls.get()
     }
 }
 
@@ -246,7 +255,7 @@ impl Cq {
                     stats: CqStats { capacity, ..CqStats::default() },
                 }),
                 counts: Counts::default(),
-                polling: Cell::new(false),
+                gate: Cell::new(if thread_safe { LOCKED } else { 0 }),
                 armed: Cell::new(false),
                 cycle: Cell::new(0),
                 watching: Cell::new(0),
@@ -299,7 +308,7 @@ impl Cq {
         CqStats {
             reserved: st.budget.reserved(),
             queues: st.budget.queues(),
-            polls: n.polls(),
+            polls: n.polls(self.shared.cycle.get()),
             cqes: n.cqes.get(),
             visible: n.visible.get(),
             hidden: n.hidden.get(),
@@ -329,7 +338,7 @@ impl Cq {
 
     /// Fails with `EBUSY` while queues are attached.
     pub fn check_free(&self) -> Result<()> {
-        if self.shared.polling.get() {
+        if self.shared.is_polling() {
             return Err(Error::new(libc::EBUSY, "the CQ is being polled (called from one of its callbacks)"));
         }
         let n = self.queue_count();
@@ -374,6 +383,7 @@ impl Cq {
         self.shared.handle.req_notify(solicited_only)?;
         let n = self.shared.poll(out)?;
         if n == 0 {
+            bump(&self.shared.counts.other_cycles, 1);
             self.shared.cover_idle_tails(true);
         }
         self.shared.armed.set(true);
@@ -396,6 +406,8 @@ impl Cq {
     /// (and polls again while the CQ fills `out`). With [`Cq::has_watched_tails`] false and no CQE found, it only
     /// counts the poll: a caller that skips the call for such empty polls loses nothing but that count. For a
     /// layer that must see the provider's answer before it takes the lock that guards this CQ.
+    /// In line in the caller's crate (the SPDK provider's poll), as the poll's common path is.
+    #[inline]
     pub fn poll_found(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
         self.shared.poll_found_by_caller(out, found.min(out.len()))
     }
@@ -483,7 +495,7 @@ impl CqShared {
     }
 
     pub(crate) fn empty_polls(&self) -> u64 {
-        self.counts.empty_polls()
+        self.counts.empty_polls(self.cycle.get())
     }
 
     /// Puts the queue object in its table slot (after the queue is built), weakly: the queue owns this CQ.
@@ -562,45 +574,85 @@ impl CqShared {
         done: impl FnOnce(usize) -> R,
         failed: impl FnOnce(Error) -> R,
     ) -> R {
-        if self.polling.get() {
+        if self.is_polling() {
             return reentered(failed);
         }
+        self.poll_open(out, done, failed)
+    }
+
+    /// Neither being polled nor carrying a lock: `poll_open` may run.
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
+    #[inline(always)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.gate.get() == 0
+    }
+
+    /// A poll runs and reaps (a poll from one of its callbacks is refused).
+    #[inline]
+    fn is_polling(&self) -> bool {
+        self.gate.get() & POLLING != 0
+    }
+
+    #[inline(always)]
+    fn set_polling(&self, on: bool) {
+        self.gate.set(self.gate.get() & !POLLING | if on { POLLING } else { 0 });
+    }
+
+    /// `poll_then` for a caller that knows the CQ is not being polled (`is_open`, or `is_polling` tested).
+    #[inline(always)]
+    pub(crate) fn poll_open<R>(
+        &self,
+        out: &mut [ibv_wc],
+        done: impl FnOnce(usize) -> R,
+        failed: impl FnOnce(Error) -> R,
+    ) -> R {
+        debug_assert!(!self.is_polling());
         self.armed.set(false);
         // The common poll finds the CQ empty: one provider call, no reaping. Everything else is `poll_found`.
         // Until CQEs are found no callback can run (the provider never calls back, and the idle-tail pass runs
-        // none), so nothing can re-enter the poll: `polling` is set only around the reaping.
+        // none), so nothing can re-enter the poll: `POLLING` is set only around the reaping.
         if out.is_empty() {
             bump(&self.counts.busy_polls, 1);
+            bump(&self.counts.other_cycles, 1);
             self.cover_idle_tails(false);
             return done(0);
         }
-        match self.handle.poll(out) {
-            Ok(0) => {
-                bump(&self.counts.idle_polls, 1);
-                self.cover_idle_tails(false);
-                done(0)
-            }
-            Ok(found) => {
-                self.polling.set(true);
-                let _guard = ResetOnDrop(&self.polling);
-                self.poll_found(out, found, done, failed)
-            }
-            Err(e) => {
-                bump(&self.counts.busy_polls, 1);
-                failed(e)
-            }
+        let got = self.handle.poll_raw(out);
+        if got == 0 {
+            // An idle poll: counted by the cycle it ends (`Counts::idle_polls`).
+            self.cover_idle_tails(false);
+            return done(0);
         }
+        if got < 0 {
+            return failed(self.poll_failed(got));
+        }
+        self.set_polling(true);
+        let _guard = PollingGuard(self);
+        self.poll_found(out, (got as usize).min(out.len()), done, failed)
+    }
+
+    /// The provider's first call of a poll failed with `got` (< 0): the CQ is in error.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&self, got: i32) -> Error {
+        bump(&self.counts.busy_polls, 1);
+        crate::verbs::poll_failed(got)
     }
 
     /// `poll_then` with the provider's first call made by the caller (`Cq::poll_found`).
+    #[inline]
     fn poll_found_by_caller(&self, out: &mut [ibv_wc], found: usize) -> Result<usize> {
-        if self.polling.replace(true) {
+        if self.is_polling() {
             return reentered(Err);
         }
-        let _guard = ResetOnDrop(&self.polling);
+        self.set_polling(true);
+        let _guard = PollingGuard(self);
         self.armed.set(false);
         if found == 0 {
-            bump(if out.is_empty() { &self.counts.busy_polls } else { &self.counts.idle_polls }, 1);
+            if out.is_empty() {
+                bump(&self.counts.busy_polls, 1);
+                bump(&self.counts.other_cycles, 1);
+            }
             self.cover_idle_tails(false);
             return Ok(0);
         }
@@ -619,6 +671,7 @@ impl CqShared {
         bump(&self.counts.busy_polls, 1);
         match self.reap_batches(out, found) {
             Ok(kept) => {
+                bump(&self.counts.other_cycles, 1);
                 self.cover_idle_tails(false);
                 bump(&self.counts.visible, kept as u64);
                 done(kept)
@@ -810,11 +863,16 @@ fn reentered<R>(failed: impl FnOnce(Error) -> R) -> R {
     failed(Error::new(libc::EBUSY, "sqd_cq_poll re-entered on the same CQ from one of its callbacks"))
 }
 
-struct ResetOnDrop<'a>(&'a Cell<bool>);
+/// `CqShared::gate`'s bits.
+const POLLING: u8 = 1;
+const LOCKED: u8 = 2;
 
-impl Drop for ResetOnDrop<'_> {
+/// Ends a poll's reaping (`CqShared::set_polling`), on return or unwind.
+struct PollingGuard<'a>(&'a CqShared);
+
+impl Drop for PollingGuard<'_> {
     fn drop(&mut self) {
-        self.0.set(false);
+        self.0.set_polling(false);
     }
 }
 

@@ -124,18 +124,20 @@ pub extern "C" fn sqd_cq_poll(cq: *mut sqd_cq, max: i32, wc: *mut ibv_wc) -> i32
         // The common call (a CQ, room for completions, an array, no lock) goes straight to the poll; every other
         // one through `poll_general`, which takes the lock before it checks the other arguments.
         // SAFETY: a non-NULL `cq` came from `sqd_cq_new` and is not being freed (the caller's promise).
-        if cq.is_null() || max <= 0 || wc.is_null() || unsafe { &*cq.object() }.lock().is_some() {
+        // The lock and the re-entry are tested with one load (`is_open`).
+        if cq.is_null() || max <= 0 || wc.is_null() || !unsafe { &*cq.object() }.shared.is_open() {
             return poll_general(cq, max, wc);
         }
         // SAFETY: as above; `cq` is not NULL.
         let cq = unsafe { &*cq.object() };
         // SAFETY: the caller provides an array of `max` writable `struct ibv_wc`.
         let out = unsafe { std::slice::from_raw_parts_mut(wc, max as usize) };
-        cq.shared.poll_then(out, |n| n as i32, fail_with)
+        cq.shared.poll_open(out, |n| n as i32, fail_with)
     })
 }
 
-/// `sqd_cq_poll` for a thread-safe CQ or a call the common one does not cover (`max <= 0`, NULL `wc`).
+/// `sqd_cq_poll` for a thread-safe CQ or a call the common one does not cover (`max <= 0`, NULL `wc`, a poll
+/// from one of the CQ's callbacks, which `poll` refuses).
 #[cold]
 #[inline(never)]
 fn poll_general(cq: *mut sqd_cq, max: i32, wc: *mut ibv_wc) -> i32 {

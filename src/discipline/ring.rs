@@ -231,6 +231,17 @@ impl SlotRing {
         seq
     }
 
+    /// `push` of a slot the caller knows to hold one of the ULP's WRs (neither `INTERNAL` nor `OP`), in line.
+    #[inline(always)]
+    pub fn push_plain(&self, slot: Slot) -> u64 {
+        debug_assert!(self.outstanding() < self.slots.len() as u64);
+        debug_assert!(slot.status() == 0 && slot.vendor_err() == 0 && slot.flags() & (Slot::INTERNAL | Slot::OP) == 0);
+        let seq = self.head.get();
+        self.slots[(seq & self.mask) as usize].set(slot);
+        self.head.set(seq + 1);
+        seq
+    }
+
     /// Whether every slot from `seq` on holds a WR of the ULP's (none has `INTERNAL` or `OP`; bulk writes through
     /// `free_run` hold only the ULP's WRs).
     #[inline]

@@ -344,6 +344,24 @@ impl<T: Parked> SendState<T> {
         self.policy.has_unsignaled_tail()
     }
 
+    /// Whether the policy leaves the next WR unsignaled when the ULP does, with `credits` (`credits()`) free
+    /// slots: it neither ends an interval nor takes the last free slot. Such a WR is admitted by
+    /// `admit_quiet_one`.
+    #[inline]
+    pub fn quiet_next(&self, credits: u32) -> bool {
+        credits > 1 && self.policy.run() + 1 < self.policy.interval()
+    }
+
+    /// `admit_posted` for a WR the ULP leaves unsignaled when `quiet_next` said the policy does too: it is
+    /// posted unsignaled and leaves an unsignaled tail. Returns its sequence number.
+    #[inline(always)]
+    pub fn admit_quiet_one(&mut self, wr_id: u64, wc_opcode: u8) -> u64 {
+        debug_assert!(self.quiet_next(self.credits()) && self.backlog.is_empty());
+        self.accepted += 1;
+        self.policy.set_run(self.policy.run() + 1);
+        self.ledger.ring.push_plain(Slot::new(wr_id, wc_opcode, 0))
+    }
+
     /// Decides what happens to the next WR. The caller has checked `closed()`.
     #[inline]
     pub fn admit(&mut self, wr_id: u64, wc_opcode: u8, ulp_signaled: bool) -> Admit {

@@ -273,6 +273,10 @@ impl QueueShared {
             let credits = st.send.credits();
             let shape = first.shape();
             match plain_wc_opcode(&shape, &self.limits) {
+                // The commonest: a WR that neither the ULP nor the policy signals.
+                Some(op) if shape.send_flags & SEND_SIGNALED == 0 && st.send.quiet_next(credits) => {
+                    return self.post_quiet_one(st, first, op, done, failed);
+                }
                 Some(op) if credits > 0 => Some((shape.send_flags, op, credits)),
                 _ => None,
             }
@@ -360,6 +364,43 @@ impl QueueShared {
             Ok(()) => done(),
             Err(e) => failed(e),
         }
+    }
+
+    /// A post of one plain WR (`plain_wc_opcode` gave `op`) that neither the ULP nor the policy signals
+    /// (`SendState::quiet_next`): `post_one` without the signal, so that its outcome is known to leave an
+    /// unsignaled tail (`settle_quiet_tail`). Its wr_id is kept in a local to restore it.
+    #[inline(always)]
+    fn post_quiet_one<'a, R>(
+        &self,
+        st: &mut QueueState,
+        w: WrPtr<'a>,
+        op: u8,
+        done: impl FnOnce() -> R,
+        failed: impl FnOnce(PostError<'a>) -> R,
+    ) -> R {
+        let wr_id = w.wr_id();
+        let seq = st.send.admit_quiet_one(wr_id, op);
+        w.set_wr_id(Token::from_base(self.send_token, seq).0);
+        let r = self.qp.post_chain(w);
+        st.doorbells += 1;
+        // Restored whether the queue restores or not (`no_restore`): the wr_id of a WR posted on such a queue
+        // is unspecified after the call, and one store costs less than the test.
+        w.set_wr_id(wr_id);
+        if let Err(f) = r {
+            return failed(self.quiet_one_refused(st, w, f));
+        }
+        self.settle_quiet_tail(st);
+        done()
+    }
+
+    /// The provider refused the WR of `post_quiet_one`: what `post_one` and `settle_tail` do then.
+    #[cold]
+    #[inline(never)]
+    fn quiet_one_refused<'a>(&self, st: &mut QueueState, w: WrPtr<'a>, f: PostFailure) -> PostError<'a> {
+        let run = Run { first: w, last: w, len: 1, added: Added::default() };
+        let e = self.run_refused(st, run, f);
+        self.settle_tail(st);
+        e
     }
 
     /// A post of one plain WR (`plain_wc_opcode` gave `op`) with a free slot: what the bulk path does for a

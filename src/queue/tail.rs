@@ -33,6 +33,24 @@ impl QueueShared {
         }
     }
 
+    /// `settle_tail` after a post whose last WR is unsignaled (an unsignaled tail is known to exist): the
+    /// common case, a watched queue on a CQ that is not armed, only notes the post in the poll cycle.
+    #[inline(always)]
+    pub(super) fn settle_quiet_tail(&self, st: &mut QueueState) {
+        debug_assert!(st.send.has_unsignaled_tail());
+        if self.send_cq.is_armed() || !self.watched.get() {
+            return self.settle_tail_rare(st);
+        }
+        self.note_posted_in_cycle();
+    }
+
+    /// `settle_tail` out of line, for `settle_quiet_tail`'s rare cases (a marker to post, a queue to watch).
+    #[cold]
+    #[inline(never)]
+    fn settle_tail_rare(&self, st: &mut QueueState) {
+        self.settle_tail(st);
+    }
+
     /// A post or a pump left an unsignaled tail: the end of the send CQ's next poll leaves it be (more posts may
     /// come), and the one after covers it with a marker unless the queue was posted to again.
     #[inline]

@@ -90,20 +90,27 @@ impl CqHandle {
     /// Polls up to `out.len()` CQEs into `out`.
     #[inline]
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
-        let n = out.len().min(i32::MAX as usize) as i32;
-        // SAFETY: the handle's contract keeps the CQ valid; `out` is writable for `n` entries.
-        let got = unsafe { (self.poll)(self.cq.as_ptr(), n, out.as_mut_ptr()) };
+        let got = self.poll_raw(out);
         if got <= 0 {
             // The common poll finds nothing: it returns before the bound below, which only a CQE needs.
             return if got == 0 { Ok(0) } else { Err(poll_failed(got)) };
         }
         Ok((got as usize).min(out.len()))
     }
+
+    /// `poll` with the provider's answer as it gave it: a count of CQEs put in `out` (which a provider might
+    /// overstate: `poll` bounds it by `out.len()`), 0, or a negative value for a CQ in error (`poll_failed`).
+    #[inline]
+    pub fn poll_raw(&self, out: &mut [ibv_wc]) -> i32 {
+        let n = out.len().min(i32::MAX as usize) as i32;
+        // SAFETY: the handle's contract keeps the CQ valid; `out` is writable for `n` entries.
+        unsafe { (self.poll)(self.cq.as_ptr(), n, out.as_mut_ptr()) }
+    }
 }
 
 /// The error of a provider poll that failed (kept out of line: the empty poll's path stays short).
 #[cold]
 #[inline(never)]
-fn poll_failed(got: i32) -> Error {
+pub(crate) fn poll_failed(got: i32) -> Error {
     Error::new(libc::EIO, format!("the provider's poll_cq failed ({got}): the CQ is in error"))
 }

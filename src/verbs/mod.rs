@@ -23,6 +23,7 @@ pub use callback::{ForeignDeferred, ForeignRelease};
 /// own calls ([`device`]): for code that makes SRQs on a ULP's behalf (the SPDK provider).
 pub use control::{create_srq, destroy_srq};
 pub use cq::{CqHandle, NotifyFn, PollFn};
+pub(crate) use cq::poll_failed;
 pub use pool::{BacklogPool, BacklogPoolStats};
 pub use qp::{PostFailure, QpHandle};
 pub use srq::SrqHandle;
