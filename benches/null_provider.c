@@ -28,6 +28,15 @@ struct null_cq {
     int overrun;
 };
 
+/* A shared receive queue: wr_ids of posted receives; [tail, head) hold a slot, [next, head) wait for a SEND of
+ * one of its QPs to complete them (echo) or for null_qp_deliver. */
+struct null_srq {
+    struct ibv_srq srq; /* first, as above */
+    struct null_device *dev;
+    uint64_t *ring;
+    uint32_t mask, depth, head, next, tail;
+};
+
 struct null_qp {
     struct ibv_qp qp; /* first, as above */
     struct null_device *dev;
@@ -41,6 +50,8 @@ struct null_qp {
     struct null_cq *recv_cq;
     uint64_t *rring;
     uint32_t rmask, rdepth, rhead, rnext, rtail;
+    /* The QP's SRQ, if it has one: its receives come from there instead. */
+    struct null_srq *srq;
 };
 
 struct null_device {
@@ -51,7 +62,10 @@ struct null_device {
     struct null_stats stats;
     unsigned objects;
     uint32_t next_qp_num;
+    int echo; /* 0, or ECHO_RQ (null_device_set_echo) or ECHO_SRQ (null_device_set_echo_srq) */
 };
+
+enum { ECHO_RQ = 1, ECHO_SRQ = 2 };
 
 static struct null_device *dev_of(struct ibv_context *ctx)
 {
@@ -156,6 +170,16 @@ static uint32_t pow2_at_least(uint32_t n)
  * sequence number. The plain ops never see one. */
 #define RECV_TAG ((uintptr_t)1)
 
+/* Puts a receive CQE for receive `seq` of `qp` (of its SRQ, for an SRQ's QP) on the QP's recv CQ. */
+static inline void put_recv_cqe(struct null_qp *qp, uint32_t seq)
+{
+    struct null_cq *rcq = qp->recv_cq;
+    if (rcq->head - rcq->tail > rcq->mask)
+        rcq->overrun = 1;
+    else
+        rcq->ring[rcq->head++ & rcq->mask] = (struct null_cqe){(struct null_qp *)((uintptr_t)qp | RECV_TAG), seq};
+}
+
 static int null_post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
     struct null_qp *qp = (struct null_qp *)ibqp;
@@ -164,13 +188,37 @@ static int null_post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, stru
     for (; w && (!ret || w != *bad_wr); w = w->next) {
         if (w->opcode != IBV_WR_SEND || qp->rnext == qp->rhead)
             continue;
-        struct null_cq *rcq = qp->recv_cq;
-        if (rcq->head - rcq->tail > rcq->mask)
-            rcq->overrun = 1;
-        else
-            rcq->ring[rcq->head++ & rcq->mask] = (struct null_cqe){(struct null_qp *)((uintptr_t)qp | RECV_TAG), qp->rnext++};
+        put_recv_cqe(qp, qp->rnext++);
     }
     return ret;
+}
+
+/* null_post_send_echo for a device whose QPs take their receives from an SRQ (null_device_set_echo_srq). */
+static int null_post_send_echo_srq(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    struct null_srq *srq = qp->srq;
+    struct ibv_send_wr *w = wr;
+    int ret = null_post_send(ibqp, wr, bad_wr);
+    for (; w && (!ret || w != *bad_wr); w = w->next) {
+        if (w->opcode != IBV_WR_SEND || srq->next == srq->head)
+            continue;
+        put_recv_cqe(qp, srq->next++);
+    }
+    return ret;
+}
+
+static int null_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+    struct null_srq *srq = (struct null_srq *)ibsrq;
+    for (; wr; wr = wr->next) {
+        if (srq->head - srq->tail >= srq->depth) {
+            *bad_wr = wr;
+            return ENOMEM;
+        }
+        srq->ring[srq->head++ & srq->mask] = wr->wr_id;
+    }
+    return 0;
 }
 
 static int null_post_recv_echo(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
@@ -224,6 +272,37 @@ static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     return i;
 }
 
+/* null_poll_cq_echo for a device whose QPs take their receives from an SRQ: a receive's wr_id is the SRQ's. */
+static int null_poll_cq_echo_srq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+    struct null_cq *cq = (struct null_cq *)ibcq;
+    if (cq->overrun) {
+        errno = EOVERFLOW;
+        return -1;
+    }
+    int i = 0;
+    for (uint32_t tail = cq->tail; i < n && tail != cq->head; i++, tail++) {
+        struct null_cqe *c = &cq->ring[tail & cq->mask];
+        struct null_qp *qp = (struct null_qp *)((uintptr_t)c->qp & ~RECV_TAG);
+        memset(&wc[i], 0, sizeof wc[i]);
+        if ((uintptr_t)c->qp & RECV_TAG) {
+            struct null_srq *srq = qp->srq;
+            wc[i].wr_id = srq->ring[c->seq & srq->mask];
+            srq->tail = c->seq + 1; /* completed in the order they were posted (the SRQ's receives wait in a FIFO) */
+            wc[i].opcode = IBV_WC_RECV;
+        } else {
+            struct null_wqe *w = &qp->ring[c->seq & qp->mask];
+            qp->tail = c->seq + 1;
+            wc[i].wr_id = w->wr_id;
+            wc[i].opcode = wc_opcode(w->opcode);
+        }
+        wc[i].status = IBV_WC_SUCCESS;
+        wc[i].qp_num = qp->qp.qp_num;
+    }
+    cq->tail += (uint32_t)i;
+    return i;
+}
+
 struct null_device *null_device_new(void)
 {
     struct null_device *dev = calloc(1, sizeof *dev);
@@ -241,6 +320,7 @@ struct null_device *null_device_new(void)
     ctx->ops.post_send = null_post_send;
     ctx->ops.post_recv = null_post_recv;
     ctx->ops.poll_cq = null_poll_cq;
+    ctx->ops.post_srq_recv = null_post_srq_recv;
     ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
     dev->vctx.sz = sizeof dev->vctx;
     dev->next_qp_num = 0x100;
@@ -291,7 +371,9 @@ struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *
 {
     if (!dev || !attr || !attr->send_cq || attr->send_cq->context != &dev->vctx.context ||
         (attr->recv_cq && attr->recv_cq->context != &dev->vctx.context) || attr->qp_type != IBV_QPT_RC ||
-        attr->cap.max_send_wr < 1 || attr->cap.max_send_wr > (1u << 30) || attr->srq)
+        attr->cap.max_send_wr < 1 || attr->cap.max_send_wr > (1u << 30) ||
+        (attr->srq && (attr->srq->context != &dev->vctx.context || !attr->recv_cq)) ||
+        (dev->echo && !attr->srq != (dev->echo == ECHO_RQ)))
         return NULL;
     struct null_qp *qp = calloc(1, sizeof *qp);
     uint32_t size = pow2_at_least(attr->cap.max_send_wr);
@@ -316,8 +398,58 @@ struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *
     qp->sig_all = attr->sq_sig_all ? IBV_SEND_SIGNALED : 0;
     qp->recv_cq = (struct null_cq *)attr->recv_cq;
     qp->rdepth = attr->cap.max_recv_wr;
+    qp->srq = (struct null_srq *)attr->srq;
+    qp->qp.srq = attr->srq;
     dev->objects++;
     return &qp->qp;
+}
+
+struct ibv_srq *null_create_srq(struct null_device *dev, struct ibv_srq_init_attr *attr)
+{
+    if (!dev || !attr || attr->attr.max_wr < 1 || attr->attr.max_wr > (1u << 30))
+        return NULL;
+    struct null_srq *srq = calloc(1, sizeof *srq);
+    uint32_t size = pow2_at_least(attr->attr.max_wr);
+    uint64_t *ring = calloc(size, sizeof *ring);
+    if (!srq || !ring) {
+        free(srq);
+        free(ring);
+        return NULL;
+    }
+    srq->srq.context = &dev->vctx.context;
+    srq->srq.srq_context = attr->srq_context;
+    srq->dev = dev;
+    srq->ring = ring;
+    srq->mask = size - 1;
+    srq->depth = attr->attr.max_wr;
+    dev->objects++;
+    return &srq->srq;
+}
+
+int null_destroy_srq(struct ibv_srq *ibsrq)
+{
+    struct null_srq *srq = (struct null_srq *)ibsrq;
+    srq->dev->objects--;
+    free(srq->ring);
+    free(srq);
+    return 0;
+}
+
+int null_qp_deliver(struct ibv_qp *ibqp, unsigned n)
+{
+    struct null_qp *qp = (struct null_qp *)ibqp;
+    if (!qp->recv_cq || !qp->dev->echo || (!qp->srq && !qp->rring))
+        return -1;
+    unsigned k = 0;
+    for (; k < n; k++) {
+        if (qp->srq && qp->srq->next != qp->srq->head)
+            put_recv_cqe(qp, qp->srq->next++);
+        else if (!qp->srq && qp->rnext != qp->rhead)
+            put_recv_cqe(qp, qp->rnext++);
+        else
+            break;
+    }
+    return (int)k;
 }
 
 int null_destroy_qp(struct ibv_qp *ibqp)
@@ -343,5 +475,17 @@ int null_device_set_echo(struct null_device *dev)
     ctx->ops.post_send = null_post_send_echo;
     ctx->ops.post_recv = null_post_recv_echo;
     ctx->ops.poll_cq = null_poll_cq_echo;
+    dev->echo = ECHO_RQ;
+    return 0;
+}
+
+int null_device_set_echo_srq(struct null_device *dev)
+{
+    if (!dev || dev->objects)
+        return -1;
+    struct ibv_context *ctx = &dev->vctx.context;
+    ctx->ops.post_send = null_post_send_echo_srq;
+    ctx->ops.poll_cq = null_poll_cq_echo_srq;
+    dev->echo = ECHO_SRQ;
     return 0;
 }

@@ -13,10 +13,13 @@
  *              sq_sig_all), appends a CQE to the send CQ at once. The WQE is complete when posted; nothing is
  *              transferred and the SGEs are not read (nor is num_sge checked against max_send_sge).
  *   post_recv  accepts and drops receives (no receive completions are ever made).
+ *   post_srq_recv  keeps receives in the SRQ (ENOMEM past its max_wr); only echo completes them.
  * With echo on (null_device_set_echo, a host's loop), the device has ops of its own: post_recv keeps receives
  * (ENOMEM past max_recv_wr), and every SEND WQE a post_send accepts completes the oldest waiting receive of its
  * QP at once, with a receive CQE (IBV_WC_RECV, the receive's wr_id) on the QP's recv CQ, as the peer's response
- * would; poll_cq returns both kinds. The plain ops are untouched by it.
+ * would; poll_cq returns both kinds. The plain ops are untouched by it. With echo on for SRQs
+ * (null_device_set_echo_srq, a target's loop), the same with every QP of the device made on an SRQ, whose
+ * oldest waiting receive a SEND completes.
  *   poll_cq    pops up to n CQEs into ibv_wc (status IBV_WC_SUCCESS, the WQE's wr_id, opcode, qp_num); a CQE
  *              frees every SQ slot of its QP up to and including its WQE.
  * A CQ overrun (a signaled WQE with the CQ full) makes every later poll_cq return -1 (errno EOVERFLOW).
@@ -52,9 +55,20 @@ int null_destroy_cq(struct ibv_cq *cq);
 struct ibv_qp *null_create_qp(struct null_device *dev, struct ibv_qp_init_attr *attr);
 int null_destroy_qp(struct ibv_qp *qp);
 
+/* A shared receive queue of attr->attr.max_wr (>= 1) receives; NULL on bad input or no memory. A QP made with
+ * it (attr->srq, and a recv_cq) takes its receives from it. */
+struct ibv_srq *null_create_srq(struct null_device *dev, struct ibv_srq_init_attr *attr);
+int null_destroy_srq(struct ibv_srq *srq);
+
+/* With echo on: completes up to n of the QP's waiting receives (its SRQ's, if it has one) as if the peer had
+ * sent n messages, as a target's first capsules arrive. How many it completed, or -1 (echo off, no receives). */
+int null_qp_deliver(struct ibv_qp *qp, unsigned n);
+
 void null_device_stats(const struct null_device *dev, struct null_stats *out);
 
-/* Turns echo on (see above) for a device with no CQ or QP yet. 0, or -1. */
+/* Turns echo on (see above) for a device with no CQ or QP yet; with it, QPs are made without an SRQ. 0, or -1. */
 int null_device_set_echo(struct null_device *dev);
+/* Turns echo on for a device with no CQ or QP yet whose QPs are all made on an SRQ. 0, or -1. */
+int null_device_set_echo_srq(struct null_device *dev);
 
 #endif

@@ -94,6 +94,62 @@ int main(void)
     errno = 0;
     CHECK(ibv_poll_cq(small, 8, wc) == -1 && errno == EOVERFLOW);
 
+    /* Echo with an SRQ: the SRQ keeps receives up to its depth; a SEND completes the oldest waiting one with a
+     * receive CQE naming the QP, as does null_qp_deliver; a QP without an SRQ is refused on such a device. */
+    struct null_device *dev4 = null_device_new();
+    CHECK(dev4 && null_device_set_echo_srq(dev4) == 0);
+    struct ibv_cq *cq4 = null_create_cq(dev4, 16);
+    struct ibv_srq_init_attr sa;
+    memset(&sa, 0, sizeof sa);
+    sa.attr.max_wr = 3;
+    struct ibv_srq *srq = null_create_srq(dev4, &sa);
+    CHECK(cq4 && srq && srq->context == cq4->context);
+    attr.send_cq = attr.recv_cq = cq4;
+    attr.srq = NULL;
+    CHECK(null_create_qp(dev4, &attr) == NULL);
+    attr.srq = srq;
+    struct ibv_qp *qp4 = null_create_qp(dev4, &attr);
+    CHECK(qp4 && qp4->srq == srq);
+    struct ibv_recv_wr rw[4], *rbad = NULL;
+    memset(rw, 0, sizeof rw);
+    for (int i = 0; i < 4; i++) {
+        rw[i].wr_id = 100 + (uint64_t)i;
+        rw[i].next = i + 1 < 4 ? &rw[i + 1] : NULL;
+    }
+    CHECK(ibv_post_srq_recv(srq, rw, &rbad) == ENOMEM && rbad == &rw[3]);
+    CHECK(null_qp_deliver(qp4, 1) == 1);
+    CHECK(post(qp4, 7, IBV_SEND_SIGNALED, NULL) == 0);
+    CHECK(ibv_poll_cq(cq4, 8, wc) == 3);
+    CHECK(wc[0].opcode == IBV_WC_RECV && wc[0].wr_id == 100 && wc[0].qp_num == qp4->qp_num);
+    CHECK(wc[1].opcode == IBV_WC_SEND && wc[1].wr_id == 7);
+    CHECK(wc[2].opcode == IBV_WC_RECV && wc[2].wr_id == 101 && wc[2].status == IBV_WC_SUCCESS);
+    CHECK(null_qp_deliver(qp4, 5) == 1); /* one receive left waiting */
+    CHECK(ibv_poll_cq(cq4, 8, wc) == 1 && wc[0].wr_id == 102);
+    rw[3].next = NULL;
+    CHECK(ibv_post_srq_recv(srq, &rw[3], &rbad) == 0); /* the completed ones freed their room */
+
+    /* Echo without an SRQ: the QP's own receives, completed the same way; a QP on an SRQ is refused. */
+    struct null_device *dev5 = null_device_new();
+    CHECK(dev5 && null_device_set_echo(dev5) == 0);
+    struct ibv_cq *cq5 = null_create_cq(dev5, 16);
+    attr.send_cq = attr.recv_cq = cq5;
+    attr.cap.max_recv_wr = 2;
+    CHECK(null_create_qp(dev5, &attr) == NULL);
+    attr.srq = NULL;
+    struct ibv_qp *qp5 = null_create_qp(dev5, &attr);
+    CHECK(qp5);
+    rw[1].next = NULL;
+    CHECK(ibv_post_recv(qp5, rw, &rbad) == 0);
+    CHECK(post(qp5, 8, IBV_SEND_SIGNALED, NULL) == 0 && null_qp_deliver(qp5, 2) == 1);
+    CHECK(ibv_poll_cq(cq5, 8, wc) == 3 && wc[0].wr_id == 8 && wc[1].wr_id == 100 && wc[2].wr_id == 101);
+
+    null_destroy_qp(qp4);
+    CHECK(null_destroy_srq(srq) == 0);
+    null_destroy_cq(cq4);
+    null_destroy_qp(qp5);
+    null_destroy_cq(cq5);
+    CHECK(null_device_free(dev4) == 0 && null_device_free(dev5) == 0);
+
     CHECK(null_device_free(dev) == -1); /* objects left */
     null_destroy_qp(qp);
     null_destroy_cq(cq);

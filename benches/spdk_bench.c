@@ -16,7 +16,13 @@
  * flushed once per round of B requests (receives first); the null device, with echo on, completes the receive
  * when the SEND is posted, as the target's response would, and a request ends with both completions polled.
  *
- * usage: spdk_bench verbs|sqdisc [-m target|host] [-n requests] [-b batch] [-q qd]
+ * With -m srq, the loop is the target's as SPDK runs it by default, on a shared receive queue: a request begins
+ * with the receive completion of its capsule (its receive reposted to the SRQ through srq_queue_recv_wrs, the
+ * list flushed before the sends), then its three WRITEs and its SEND; the SRQ holds 2 * qd receives, the first
+ * qd capsules arrive at the start (null_qp_deliver) and each response SEND brings the next (echo), so that qd
+ * requests are in flight. Five WRs and two completions per request.
+ *
+ * usage: spdk_bench verbs|sqdisc [-m target|host|srq] [-n requests] [-b batch] [-q qd]
  * Output: one line of key=value pairs (wrs, cqes, doorbells, provider). Instructions per WR come from two
  * callgrind runs, -n N and -n 0, subtracted (scripts/bench.sh). */
 
@@ -92,6 +98,39 @@ static int verbs_queue_recv(struct verbs_qp *v, struct ibv_recv_wr **first, stru
 }
 
 static char data[PER][64];
+
+struct request {
+    struct ibv_send_wr wr[PER];
+    struct ibv_sge sge[PER];
+};
+
+/* The request in slot s: three WRITEs chained before a signaled SEND, wr_ids s * PER + j. */
+static inline void fill_request(struct request *r, unsigned s)
+{
+    for (int j = 0; j < PER; j++) {
+        r->sge[j].addr = (uintptr_t)data[j];
+        r->sge[j].length = 64;
+        r->sge[j].lkey = 0x1234;
+        r->wr[j].wr_id = (uint64_t)s * PER + (uint64_t)j;
+        r->wr[j].sg_list = &r->sge[j];
+        r->wr[j].num_sge = 1;
+        r->wr[j].opcode = j < WRITES ? IBV_WR_RDMA_WRITE : IBV_WR_SEND;
+        r->wr[j].send_flags = j < WRITES ? 0 : IBV_SEND_SIGNALED;
+        r->wr[j].next = j + 1 < PER ? &r->wr[j + 1] : NULL;
+    }
+}
+
+/* Allocations so far, when benches/alloc_count.so is preloaded (the script subtracts a shorter run). */
+static unsigned long long allocs_so_far(void)
+{
+    typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
+    alloc_counts_fn counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
+    unsigned long long allocs = 0, frees = 0;
+    long long live = 0;
+    if (counts)
+        counts(&allocs, &frees, &live);
+    return allocs;
+}
 
 /* ---- the host's loop ----------------------------------------------------------------------------------------- */
 
@@ -200,14 +239,8 @@ static int host_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
     }
     struct null_stats st;
     null_device_stats(bench.dev, &st);
-    typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
-    alloc_counts_fn counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
-    unsigned long long allocs = 0, frees = 0;
-    long long live = 0;
-    if (counts)
-        counts(&allocs, &frees, &live);
     printf("provider=%s mode=host requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64
-           " allocs=%llu\n", use_sqdisc ? "sqdisc" : "verbs", n, n * 2, st.cqes, st.doorbells, allocs);
+           " allocs=%llu\n", use_sqdisc ? "sqdisc" : "verbs", n, n * 2, st.cqes, st.doorbells, allocs_so_far());
     if (use_sqdisc)
         spdk_rdma_provider_qp_destroy(sq);
     else if (null_destroy_qp(vq.qp))
@@ -219,27 +252,190 @@ static int host_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
     return 0;
 }
 
-/* ---- the target's loop ------------------------------------------------------------------------------------- */
+/* ---- the target's loop on an SRQ (-m srq); the target's plain loop is main's ------------------------------- */
 
-struct request {
-    struct ibv_send_wr wr[PER];
-    struct ibv_sge sge[PER];
-};
+/* A receive completion's wr_id is its buffer's index below SRQ_TAG's bit; a send's, s * PER + j. */
+#define SRQ_TAG (1ull << 40)
+
+static int srq_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
+{
+    bench.dev = null_device_new();
+    if (!bench.dev || null_device_set_echo_srq(bench.dev))
+        DIE("null_device_new");
+    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
+    if (!cq)
+        DIE("create_cq");
+    struct ibv_pd pd;
+    memset(&pd, 0, sizeof pd);
+    pd.context = cq->context;
+    const unsigned max_send = 2 * qd, slots = max_send / PER, nrecv = 2 * qd;
+
+    struct spdk_rdma_provider_srq *psrq = NULL;
+    struct ibv_srq *srq;
+    if (use_sqdisc) {
+        struct spdk_rdma_provider_srq_init_attr sa;
+        memset(&sa, 0, sizeof sa);
+        sa.pd = &pd;
+        sa.srq_init_attr.attr.max_wr = nrecv;
+        sa.srq_init_attr.attr.max_sge = 1;
+        psrq = spdk_rdma_provider_srq_create(&sa);
+        if (!psrq)
+            DIE("srq_create");
+        srq = psrq->srq;
+    } else {
+        struct ibv_srq_init_attr sa;
+        memset(&sa, 0, sizeof sa);
+        sa.attr.max_wr = nrecv;
+        sa.attr.max_sge = 1;
+        srq = null_create_srq(bench.dev, &sa);
+        if (!srq)
+            DIE("create_srq");
+    }
+    struct rdma_cm_id id;
+    memset(&id, 0, sizeof id);
+    struct spdk_rdma_provider_qp *sq = NULL;
+    struct verbs_qp vq;
+    memset(&vq, 0, sizeof vq);
+    struct ibv_qp *qp;
+    struct spdk_rdma_provider_qp_init_attr a;
+    memset(&a, 0, sizeof a);
+    a.send_cq = a.recv_cq = cq;
+    a.srq = srq;
+    a.pd = &pd;
+    a.cap.max_send_wr = max_send;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    if (use_sqdisc) {
+        sq = spdk_rdma_provider_qp_create(&id, &a);
+        if (!sq)
+            DIE("qp_create");
+        qp = sq->qp;
+    } else {
+        struct ibv_qp_init_attr qa;
+        memset(&qa, 0, sizeof qa);
+        qa.send_cq = qa.recv_cq = cq;
+        qa.srq = srq;
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = a.cap;
+        vq.qp = qp = null_create_qp(bench.dev, &qa);
+        if (!qp)
+            DIE("create_qp");
+    }
+
+    struct request *req = calloc(slots, sizeof *req);
+    unsigned *free_slots = calloc(slots, sizeof *free_slots);
+    struct ibv_recv_wr *rwr = calloc(nrecv, sizeof *rwr);
+    struct ibv_sge *rsge = calloc(nrecv, sizeof *rsge);
+    uint64_t *capsules = calloc(nrecv, sizeof *capsules);
+    if (!req || !free_slots || !rwr || !rsge || !capsules)
+        DIE("calloc");
+    unsigned nfree = slots;
+    for (unsigned i = 0; i < slots; i++)
+        free_slots[i] = i;
+    struct ibv_recv_wr *rfirst = NULL, *rlast = NULL;
+    for (unsigned i = 0; i < nrecv; i++) {
+        rsge[i] = (struct ibv_sge){.addr = (uintptr_t)data[0], .length = 64, .lkey = 0x1234};
+        rwr[i] = (struct ibv_recv_wr){.wr_id = SRQ_TAG | i, .sg_list = &rsge[i], .num_sge = 1};
+        if (use_sqdisc)
+            spdk_rdma_provider_srq_queue_recv_wrs(psrq, &rwr[i]);
+        else
+            verbs_queue_recv(&vq, &rfirst, &rlast, &rwr[i]);
+    }
+    struct ibv_recv_wr *rbad = NULL;
+    if (use_sqdisc ? spdk_rdma_provider_srq_flush_recv_wrs(psrq, &rbad) : ibv_post_srq_recv(srq, rfirst, &rbad))
+        DIE("posting the SRQ's receives");
+    rfirst = NULL;
+    if (null_qp_deliver(qp, qd) != (int)qd)
+        DIE("the first capsules");
+    /* Capsules arrived and not yet taken up by a request: a FIFO of receive indexes. */
+    unsigned cap_head = 0, cap_tail = 0;
+    uint64_t started = 0, done = 0;
+    unsigned depth = 0;
+    struct ibv_wc wc[32];
+    while (done < n) {
+        for (unsigned k = 0; k < batch && started < n && cap_head != cap_tail && depth + PER <= max_send && nfree; k++) {
+            unsigned i = (unsigned)capsules[cap_tail++ % nrecv];
+            unsigned s = free_slots[--nfree];
+            struct request *r = &req[s];
+            fill_request(r, s);
+            rwr[i].next = NULL;
+            if (use_sqdisc) {
+                spdk_rdma_provider_srq_queue_recv_wrs(psrq, &rwr[i]);
+                spdk_rdma_provider_qp_queue_send_wrs(sq, r->wr);
+            } else {
+                verbs_queue_recv(&vq, &rfirst, &rlast, &rwr[i]);
+                verbs_queue(&vq, r->wr);
+            }
+            depth += PER;
+            started++;
+        }
+        int rc;
+        struct ibv_send_wr *bad = NULL;
+        if (use_sqdisc) {
+            rc = spdk_rdma_provider_srq_flush_recv_wrs(psrq, &rbad);
+            rc = rc ? rc : spdk_rdma_provider_qp_flush_send_wrs(sq, &bad);
+        } else {
+            rc = rfirst ? ibv_post_srq_recv(srq, rfirst, &rbad) : 0;
+            rfirst = NULL;
+            rc = rc ? rc : verbs_flush(&vq, &bad);
+        }
+        if (rc)
+            DIE("flush: %d", rc);
+        int got = ibv_poll_cq(cq, 32, wc);
+        if (got < 0)
+            DIE("poll");
+        for (int i = 0; i < got; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS)
+                DIE("completion wr_id %" PRIu64 " status %d", wc[i].wr_id, wc[i].status);
+            if (wc[i].opcode == IBV_WC_RECV && (wc[i].wr_id & SRQ_TAG) && (wc[i].wr_id & ~SRQ_TAG) < nrecv) {
+                capsules[cap_head++ % nrecv] = wc[i].wr_id & ~SRQ_TAG;
+            } else if (wc[i].opcode == IBV_WC_SEND && wc[i].wr_id % PER == WRITES && wc[i].wr_id / PER < slots) {
+                free_slots[nfree++] = (unsigned)(wc[i].wr_id / PER);
+                depth -= PER;
+                done++;
+            } else {
+                DIE("unexpected completion wr_id %" PRIu64 " opcode %d", wc[i].wr_id, wc[i].opcode);
+            }
+        }
+    }
+    struct null_stats st;
+    null_device_stats(bench.dev, &st);
+    printf("provider=%s mode=srq requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64
+           " allocs=%llu\n", use_sqdisc ? "sqdisc" : "verbs", n, n * (PER + 1), st.cqes, st.doorbells, allocs_so_far());
+    if (use_sqdisc) {
+        spdk_rdma_provider_qp_destroy(sq);
+        if (spdk_rdma_provider_srq_destroy(psrq))
+            DIE("srq_destroy");
+    } else if (null_destroy_qp(vq.qp) || null_destroy_srq(srq)) {
+        DIE("destroy");
+    }
+    if (null_destroy_cq(cq) || null_device_free(bench.dev))
+        DIE("teardown");
+    free(req);
+    free(free_slots);
+    free(rwr);
+    free(rsge);
+    free(capsules);
+    return 0;
+}
 
 
 int main(int argc, char **argv)
 {
     if (argc < 2)
-        DIE("usage: spdk_bench verbs|sqdisc [-m target|host] [-n requests] [-b batch] [-q qd]");
+        DIE("usage: spdk_bench verbs|sqdisc [-m target|host|srq] [-n requests] [-b batch] [-q qd]");
     int use_sqdisc = strcmp(argv[1], "sqdisc") == 0;
     if (!use_sqdisc && strcmp(argv[1], "verbs") != 0)
         DIE("unknown provider %s", argv[1]);
     uint64_t n = 20000;
     unsigned batch = 8, qd = 64;
-    int host = 0;
+    int host = 0, with_srq = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-m"))
+        if (!strcmp(argv[i], "-m")) {
             host = !strcmp(argv[i + 1], "host");
+            with_srq = !strcmp(argv[i + 1], "srq");
+            if (!host && !with_srq && strcmp(argv[i + 1], "target"))
+                DIE("unknown mode %s", argv[i + 1]);
+        }
         else if (!strcmp(argv[i], "-n"))
             n = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "-b"))
@@ -256,6 +452,8 @@ int main(int argc, char **argv)
     }
     if (batch < 1 || qd < 2 || qd > MAX_QD / 2 || batch * PER > 2 * qd)
         DIE("need 1 <= batch, 2 <= qd <= %d, batch * %d <= 2 * qd", MAX_QD / 2, PER);
+    if (with_srq)
+        return srq_loop(use_sqdisc, n, batch, qd);
     unsigned max_send = 2 * qd, slots = max_send / PER;
 
     bench.dev = null_device_new();
@@ -268,7 +466,6 @@ int main(int argc, char **argv)
     struct ibv_pd pd;
     memset(&pd, 0, sizeof pd);
     pd.context = cq->context;
-    const uint32_t lkey = 0x1234;
 
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);
@@ -311,17 +508,7 @@ int main(int argc, char **argv)
         for (unsigned k = 0; k < batch && started < n && depth + PER <= max_send && nfree; k++) {
             unsigned s = free_slots[--nfree];
             struct request *r = &req[s];
-            for (int j = 0; j < PER; j++) {
-                r->sge[j].addr = (uintptr_t)data[j];
-                r->sge[j].length = 64;
-                r->sge[j].lkey = lkey;
-                r->wr[j].wr_id = (uint64_t)s * PER + (uint64_t)j;
-                r->wr[j].sg_list = &r->sge[j];
-                r->wr[j].num_sge = 1;
-                r->wr[j].opcode = j < WRITES ? IBV_WR_RDMA_WRITE : IBV_WR_SEND;
-                r->wr[j].send_flags = j < WRITES ? 0 : IBV_SEND_SIGNALED;
-                r->wr[j].next = j + 1 < PER ? &r->wr[j + 1] : NULL;
-            }
+            fill_request(r, s);
             if (use_sqdisc)
                 spdk_rdma_provider_qp_queue_send_wrs(sq, r->wr);
             else
@@ -347,16 +534,8 @@ int main(int argc, char **argv)
 
     struct null_stats st;
     null_device_stats(bench.dev, &st);
-    /* Heap allocations so far, when benches/alloc_count.so is preloaded (set up and loop; the script
-     * subtracts a 0-request run). */
-    typedef void (*alloc_counts_fn)(unsigned long long *, unsigned long long *, long long *);
-    alloc_counts_fn counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
-    unsigned long long allocs = 0, frees = 0;
-    long long live = 0;
-    if (counts)
-        counts(&allocs, &frees, &live);
     printf("provider=%s requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64 " allocs=%llu\n",
-           use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs);
+           use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs_so_far());
     if (use_sqdisc)
         spdk_rdma_provider_qp_destroy(sq);
     else if (null_destroy_qp(vq.qp))

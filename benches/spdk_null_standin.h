@@ -1,7 +1,8 @@
 /* What libsqdisc_spdk calls outside sqdisc, for the SPDK benchmarks on the null provider (null_provider.h):
  * SPDK master's rdma_cm wrappers (spdk_rdma_cm_create_qp / destroy_qp / accept / disconnect) make and destroy
- * QPs of the null device `bench_dev`, SPDK's memory-domain refcount and logger are counted stand-ins, and
- * ibv_resize_cq refuses (the benchmarks size their CQs for every qpair's reservation). The program exports them
+ * QPs of the null device `bench_dev`, SPDK's memory-domain refcount and logger are counted stand-ins,
+ * ibv_resize_cq refuses (the benchmarks size their CQs for every qpair's reservation), and ibv_create_srq /
+ * ibv_destroy_srq make and destroy SRQs of the null device (libibverbs would reach a provider's private ops). The program exports them
  * to the shared library (link with -rdynamic). Include in one translation unit. */
 
 #ifndef SQDISC_BENCH_SPDK_NULL_STANDIN_H
@@ -87,6 +88,20 @@ void spdk_log(int level, const char *file, const int line, const char *func, con
     va_start(ap, format);
     vsnprintf(bench.last_log, sizeof bench.last_log, format, ap);
     va_end(ap);
+}
+
+struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    (void)pd;
+    struct ibv_srq *srq = null_create_srq(bench.dev, attr);
+    if (!srq)
+        errno = EINVAL;
+    return srq;
+}
+
+int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    return null_destroy_srq(srq);
 }
 
 int ibv_resize_cq(struct ibv_cq *cq, int cqe)
