@@ -148,7 +148,9 @@ fn a_batch_that_wraps_the_ring_is_whole_and_in_order(make: Make) {
 on_both_devices!(
     successes_come_in_batches_and_every_wr_is_released_once_in_order,
     a_batch_ends_where_a_deferred_action_is_due,
-    a_batch_that_wraps_the_ring_is_whole_and_in_order
+    a_batch_that_wraps_the_ring_is_whole_and_in_order,
+    a_failures_handler_sees_every_failure_once_and_no_success,
+    a_deferred_action_runs_in_place_among_quiet_successes
 );
 
 /// Inside the batch handler, the queue counts the whole batch as released, and the handler may post on its own
@@ -295,4 +297,112 @@ fn an_error_cqe_releases_the_successes_before_it_and_its_wr_as_separate_batches(
     assert_eq!(tr[1], Seen::Batch(vec![4, 5], WC_SUCCESS, 0), "{tr:?}");
     assert_eq!(tr[2], Seen::Batch(vec![6], WC_REM_ACCESS_ERR, 77), "{tr:?}");
     assert_eq!(merged(&trace).iter().map(|&(id, _)| id).collect::<Vec<_>>(), (0..12).collect::<Vec<_>>());
+}
+
+/// A rig whose batch handler takes failures only (`Queue::set_release_failures`), writing to the same kind of
+/// trace as `batched_rig`'s.
+fn failures_rig(make: Make, cfg: sqdisc::QueueConfig) -> (Rig, Trace) {
+    let rig = Rig::on(make, cfg, 256);
+    let trace: Trace = Rc::default();
+    let t = trace.clone();
+    rig.q()
+        .set_release_failures(Box::new(move |b: &ReleaseBatch<'_>| {
+            assert!(!b.wr_ids.is_empty(), "an empty batch");
+            t.borrow_mut().push(Seen::Batch(b.wr_ids.to_vec(), b.status, b.vendor_err));
+        }))
+        .unwrap();
+    (rig, trace)
+}
+
+/// Successes are released without a call, counted all the same; a failure, its flushes and the parked WRs
+/// released as never posted come to the handlers in post order, each once, as with `set_release_batch`.
+fn a_failures_handler_sees_every_failure_once_and_no_success(make: Make) {
+    let (rig, trace) = failures_rig(make, config(8, 4, 8));
+    rig.post(&mut Chain::sends(0..8, 0)).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert!(trace.borrow().is_empty(), "no call for successes: {:?}", trace.borrow());
+    assert!(rig.log.borrow().is_empty(), "nor through the per-WR handler: {:?}", rig.log.borrow());
+    assert_eq!(rig.q().stats().released, 8);
+    // 8..16 posted (8 fails, 9..16 are flushed behind it), 16..21 parked.
+    rig.post(&mut Chain::sends(8..21, 0)).unwrap();
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 1).unwrap();
+    for _ in 0..20 {
+        rig.complete(usize::MAX);
+        rig.poll_all();
+    }
+    let t = trace.clone();
+    for c in rig.log.borrow_mut().drain(..) {
+        t.borrow_mut().push(Seen::One(c.wr_id, c.status, c.flags));
+    }
+    let all = merged(&trace);
+    assert_eq!(all.iter().map(|&(id, _)| id).collect::<Vec<_>>(), (8..21).collect::<Vec<_>>(), "{:?}", trace.borrow());
+    assert_eq!(all[0].1, WC_REM_ACCESS_ERR, "the failing WR keeps its error");
+    assert!(all[1..].iter().all(|&(_, s)| s == WC_WR_FLUSH_ERR), "{all:?}");
+    assert!(trace.borrow().iter().all(|s| !matches!(s, Seen::Batch(_, WC_SUCCESS, _))), "{:?}", trace.borrow());
+    assert_eq!(rig.q().stats().released, 21);
+}
+
+/// A deferred action still waits for the WRs accepted before it when their releases make no call: it runs
+/// between the successes before it and the failure after it.
+fn a_deferred_action_runs_in_place_among_quiet_successes(make: Make) {
+    let (rig, trace) = failures_rig(make, config(32, 32, 0));
+    rig.post(&mut Chain::sends(0..10, 0)).unwrap();
+    let (t, r) = (trace.clone(), rig.q().stats());
+    assert_eq!(r.released, 0);
+    rig.q().defer(Deferred::Closure(Box::new(move || t.borrow_mut().push(Seen::Action("after 0..10"))))).unwrap();
+    rig.post(&mut Chain::sends(10..19, 0)).unwrap();
+    rig.post(&mut Chain::sends(19..20, SIGNALED)).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    assert_eq!(*trace.borrow(), vec![Seen::Action("after 0..10")]);
+    assert_eq!(rig.q().stats().released, 20);
+    assert!(rig.log.borrow().is_empty(), "nothing went to the per-WR handler");
+}
+
+/// The successes an error CQE retires before the failing WR make no call; the failing WR is a batch of its own.
+#[test]
+fn an_error_cqe_after_quiet_successes_hands_over_the_failure_alone() {
+    let (rig, trace) = failures_rig(scripted, config(16, 4, 0));
+    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
+    // 0..6 execute (3 is signaled: its CQE), then 6 fails: its CQE covers 4 and 5, which succeeded unsignaled.
+    rig.complete(6);
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    let tr = trace.borrow();
+    assert_eq!(tr[0], Seen::Batch(vec![6], WC_REM_ACCESS_ERR, 77), "{tr:?}");
+    assert_eq!(merged(&trace).iter().map(|&(id, _)| id).collect::<Vec<_>>(), (6..12).collect::<Vec<_>>());
+    assert_eq!(rig.q().stats().released, 12);
+}
+
+/// An indexed queue's failure batches carry the index of their first WR, counted over the quiet successes.
+#[test]
+fn an_indexed_failure_batch_counts_the_quiet_successes_before_it() {
+    let mut cfg = config(16, 4, 0);
+    cfg.indexed = true;
+    let rig = Rig::on(scripted, cfg, 256);
+    let seen: Rc<RefCell<Vec<(u64, usize, u32)>>> = Rc::default();
+    let s = seen.clone();
+    rig.q()
+        .set_release_failures(Box::new(move |b: &ReleaseBatch<'_>| s.borrow_mut().push((b.first, b.count, b.status))))
+        .unwrap();
+    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
+    rig.complete(6);
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+    let seen = seen.borrow();
+    assert_eq!(seen[0], (6, 1, WC_REM_ACCESS_ERR), "{seen:?}");
+    assert_eq!(seen.iter().map(|&(_, n, _)| n).sum::<usize>(), 6, "{seen:?}");
+    assert!(seen[1..].iter().all(|&(_, _, st)| st == WC_WR_FLUSH_ERR), "{seen:?}");
+}
+
+/// One batch handler per queue, of either kind.
+#[test]
+fn set_release_failures_refuses_a_second_handler() {
+    let rig = Rig::new(config(8, 4, 0), 64);
+    rig.q().set_release_batch(Box::new(|_: &ReleaseBatch<'_>| {})).unwrap();
+    let e = rig.q().set_release_failures(Box::new(|_: &ReleaseBatch<'_>| {})).unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e:?}");
 }

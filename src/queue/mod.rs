@@ -289,6 +289,8 @@ pub(crate) struct QueueShared {
 /// never holds more WRs than the ring). Only the release pass, which never nests, fills and lends the array.
 struct Batcher {
     handler: BatchCall,
+    /// Whether batches of successes go to `handler` too; if not, they are released without a call.
+    successes: bool,
     wr_ids: RefCell<Box<[u64]>>,
     /// The queue's release pass (`run_batched_release_loop`, with indexes on an indexed queue), picked with
     /// the handler: the CQE path then tests nothing more than whether a batcher is set.
@@ -727,16 +729,28 @@ impl Queue {
     /// array of the batches' wr_ids (8 bytes per SQ slot, counted in [`Queue::footprint`]; none on an indexed
     /// queue) cannot be allocated.
     pub fn set_release_batch(&self, handler: BatchHandler) -> Result<()> {
-        self.set_batch_call(BatchCall::Closure(handler))
+        self.set_batch_call(BatchCall::Closure(handler), true)
+    }
+
+    /// [`Queue::set_release_batch`] for a ULP that has nothing to do when its WRs succeed: a batch of successes
+    /// is released without a call (counted in [`QueueStats::released`] all the same), and `handler` gets the
+    /// batches of failures only (a WR's own error, the flushes behind it). Every other release still goes to the
+    /// release handler, successes included where the library releases them one by one; deferred actions and
+    /// operations keep their places in post order. Saves the gathering of wr_ids and the call per CQE when
+    /// nothing fails. Set at most once, as `set_release_batch`, and not together with it.
+    pub fn set_release_failures(&self, handler: BatchHandler) -> Result<()> {
+        self.set_batch_call(BatchCall::Closure(handler), false)
     }
 
     /// `set_release_batch` with a C function, called with the batch in its C form (`sqd_queue_set_release_batch`).
     #[cfg(feature = "capi")]
     pub(crate) fn set_release_batch_foreign(&self, f: crate::verbs::ForeignBatch) -> Result<()> {
-        self.set_batch_call(BatchCall::Foreign(f))
+        self.set_batch_call(BatchCall::Foreign(f), true)
     }
 
-    fn set_batch_call(&self, handler: BatchCall) -> Result<()> {
+    /// `successes`: whether batches of successes are handed to `handler` (`set_release_batch`) or released
+    /// without a call (`set_release_failures`).
+    fn set_batch_call(&self, handler: BatchCall, successes: bool) -> Result<()> {
         let s = &self.shared;
         if s.release.is_none() {
             return Err(Error::invalid(
@@ -755,6 +769,7 @@ impl Queue {
         s.batcher
             .set(Batcher {
                 handler,
+                successes,
                 wr_ids: RefCell::new(wr_ids),
                 pass: if s.indexed { QueueShared::run_batched_release_loop::<true> } else { QueueShared::run_batched_release_loop::<false> },
             })

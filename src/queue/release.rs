@@ -401,6 +401,11 @@ impl QueueShared {
             // successes of the ULP's WRs only (the ring is plain from the tail, the queue has not failed) is one
             // batch whole.
             let plain = ring.is_plain_from(tail) && !ledger.has_failed();
+            if plain && !b.successes {
+                // A run of successes for a handler that wants failures only: released, nothing to call.
+                ledger.set_released(tail + n, released + n);
+                return;
+            }
             debug_assert!(
                 !plain || {
                     let (a, b) = ring.run_slots(tail, n);
@@ -431,7 +436,9 @@ impl QueueShared {
                     }
                 };
                 ledger.set_released(tail + count as u64, released + count as u64);
-                b.handler.call(Some(&wr_ids[..count]), count, first_index, first.status() as u32, first.vendor_err());
+                if b.successes || first.status() != 0 {
+                    b.handler.call(Some(&wr_ids[..count]), count, first_index, first.status() as u32, first.vendor_err());
+                }
                 count
             } else {
                 // An indexed queue's batch names its WRs by their indexes: nothing to gather.
@@ -443,7 +450,9 @@ impl QueueShared {
                     if k == first_part.len() && !wrapped.is_empty() { k + count_alike(wrapped, first.meta()) } else { k }
                 };
                 ledger.set_released(tail + count as u64, released + count as u64);
-                b.handler.call(None, count, first_index, first.status() as u32, first.vendor_err());
+                if b.successes || first.status() != 0 {
+                    b.handler.call(None, count, first_index, first.status() as u32, first.vendor_err());
+                }
                 count
             };
             debug_assert_eq!(
