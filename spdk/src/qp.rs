@@ -385,15 +385,16 @@ fn manage(domain: &Arc<Domain>, qp: *mut rdma_sys::ibv_qp, init: &ibv_qp_init_at
                 }
             }
         };
-        // SPDK learns of its sends from the completions it polls, not from releases: the common releases owe it
-        // nothing, so they go in batches to a handler that does nothing (one call per run instead of one per WR).
-        // The releases that owe SPDK something (a WR flushed from the backlog, a modified buffer) still come one
+        // SPDK learns of its sends from the completions it polls, not from releases: the common successes owe it
+        // nothing, so they are released without a call, and a batch handler takes the runs of failures. The
+        // releases that owe SPDK something else (a WR flushed from the backlog, a modified buffer) still come one
         // by one to `release` above.
-        // A batch with an error status is of WRs whose device CQEs reach SPDK in this poll: owed until then.
+        // A batch of failures is of WRs whose device CQEs reach SPDK in this poll: owed until then.
         let (batch_ledger, batch_destroying) = (ledger.clone(), destroying.clone());
         queue
-            .set_release_batch(Box::new(move |b| {
-                if b.status != 0 && !batch_destroying.get() {
+            .set_release_failures(Box::new(move |b| {
+                debug_assert_ne!(b.status, 0, "a batch of successes");
+                if !batch_destroying.get() {
                     for &wr_id in b.wr_ids {
                         batch_ledger.owe(wr_id, Origin::Send);
                     }
