@@ -771,7 +771,12 @@ impl Queue {
                 handler,
                 successes,
                 wr_ids: RefCell::new(wr_ids),
-                pass: if s.indexed { QueueShared::run_batched_release_loop::<true> } else { QueueShared::run_batched_release_loop::<false> },
+                pass: match (s.indexed, successes) {
+                    (true, true) => QueueShared::run_batched_release_loop::<true, false>,
+                    (false, true) => QueueShared::run_batched_release_loop::<false, false>,
+                    (true, false) => QueueShared::run_batched_release_loop::<true, true>,
+                    (false, false) => QueueShared::run_batched_release_loop::<false, true>,
+                },
             })
             .map_err(|_| Error::new(libc::EBUSY, "the queue's batch handler is already set"))
     }

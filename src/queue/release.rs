@@ -109,10 +109,32 @@ impl QueueShared {
             return;
         }
         if let Some(b) = self.batcher.get() {
+            // A handler of failures only, on a queue that does not verify buffers: a CQE that retired successes
+            // alone and left nothing else due ends here, without the pass (nothing is called).
+            if !b.successes && !self.verifying && self.release_quiet_successes() {
+                self.releasing.set(false);
+                return;
+            }
             (b.pass)(self);
         } else {
             (self.plain_releases)(self);
         }
+    }
+
+    /// For a batch handler of failures only (`Queue::set_release_failures`), at the start of a release pass: releases the
+    /// complete slots from the tail if they are all successes of the ULP's WRs (up to the first deferred
+    /// action's barrier), as `release_batched` would without a call; whether the pass is then over
+    /// (`release_pass_done`). Under `SendLedger`'s contract, as the release loops are.
+    #[inline(always)]
+    fn release_quiet_successes(&self) -> bool {
+        let ledger = &*self.ledger;
+        let ring = &ledger.ring;
+        let (tail, released) = (ring.tail(), ledger.released());
+        let n = (ring.done() - tail).min(ledger.first_barrier().saturating_sub(released));
+        if n > 0 && ring.is_plain_from(tail) && !ledger.has_failed() {
+            ledger.set_released(tail + n, released + n);
+        }
+        self.release_pass_done()
     }
 
     /// `run_releases` for a queue without a batch handler: the per-WR pass, with or without the verifier.
@@ -141,48 +163,49 @@ impl QueueShared {
     #[inline(always)]
     fn run_release_loop<const VERIFY: bool, const INDEXED: bool>(&self) {
         match &self.release {
-            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false, INDEXED>(|c| f.call(c)),
-            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false, INDEXED>(|c| f(c)),
-            None => self.release_loop::<VERIFY, false, INDEXED>(|_| {}),
+            Some(ReleaseHandler::Foreign(f)) => self.release_loop::<VERIFY, false, INDEXED, false>(|c| f.call(c)),
+            Some(ReleaseHandler::Closure(f)) => self.release_loop::<VERIFY, false, INDEXED, false>(|c| f(c)),
+            None => self.release_loop::<VERIFY, false, INDEXED, false>(|_| {}),
         }
     }
 
     /// `run_release_loop` for a queue with a batch handler (and so with a release handler), with indexes
-    /// instead of wr_ids if `INDEXED`: the batcher's `pass`, picked when the handler is set. Marked cold only to
+    /// instead of wr_ids if `INDEXED`, and batches of successes released without a call if `QUIET`
+    /// (`Queue::set_release_failures`): the batcher's `pass`, picked when the handler is set. Marked cold only to
     /// keep it off the straight line of the per-WR handler's pass, whose registers it would otherwise disturb
     /// (10 instructions per WR).
     #[cold]
     #[inline(never)]
-    pub(super) fn run_batched_release_loop<const INDEXED: bool>(&self) {
+    pub(super) fn run_batched_release_loop<const INDEXED: bool, const QUIET: bool>(&self) {
         let _guard = ClearOnDrop(&self.releasing);
         let h = self.release.as_ref();
         if self.verifying {
-            self.release_loop::<true, true, false>(|c| call(h, c));
+            self.release_loop::<true, true, false, false>(|c| call(h, c));
         } else {
-            self.release_loop::<false, true, INDEXED>(|c| call(h, c));
+            self.release_loop::<false, true, INDEXED, QUIET>(|c| call(h, c));
         }
     }
 
     /// The loop of `run_releases`, with the queue's release handler as `release`: the common releases
     /// (`release_common`), and the rest of the pass out of line only when something else may be due.
     #[inline(always)]
-    fn release_loop<const VERIFY: bool, const BATCH: bool, const INDEXED: bool>(&self, release: impl Fn(&Completion)) {
+    fn release_loop<const VERIFY: bool, const BATCH: bool, const INDEXED: bool, const QUIET: bool>(&self, release: impl Fn(&Completion)) {
         if !VERIFY {
-            self.release_common::<BATCH, INDEXED>(&release);
+            self.release_common::<BATCH, INDEXED, QUIET>(&release);
             if self.release_pass_done() {
                 return;
             }
         }
-        self.release_rest::<VERIFY, BATCH, INDEXED>(&release);
+        self.release_rest::<VERIFY, BATCH, INDEXED, QUIET>(&release);
     }
 
     /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
     /// (`release_batched`) if the queue has one (`BATCH`); with indexes for wr_ids if `INDEXED`.
     #[inline(always)]
-    fn release_common<const BATCH: bool, const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
+    fn release_common<const BATCH: bool, const INDEXED: bool, const QUIET: bool>(&self, release: &impl Fn(&Completion)) {
         if BATCH {
             if let Some(b) = self.batcher.get() {
-                self.release_batched::<INDEXED>(b);
+                self.release_batched::<INDEXED, QUIET>(b);
             }
         } else {
             self.release_plain::<INDEXED>(release);
@@ -193,7 +216,7 @@ impl QueueShared {
     /// Each step takes the state borrow once and drops it before any callback runs (callbacks may post, defer
     /// or poll again); between steps, the common releases run again.
     #[inline(never)]
-    fn release_rest<const VERIFY: bool, const BATCH: bool, const INDEXED: bool>(&self, release: &impl Fn(&Completion)) {
+    fn release_rest<const VERIFY: bool, const BATCH: bool, const INDEXED: bool, const QUIET: bool>(&self, release: &impl Fn(&Completion)) {
         enum Item {
             Release(Completion),
             OpDone(Option<ReleaseHandler>, Completion),
@@ -254,7 +277,7 @@ impl QueueShared {
                 }
             }
             if !VERIFY {
-                self.release_common::<BATCH, INDEXED>(release);
+                self.release_common::<BATCH, INDEXED, QUIET>(release);
                 if self.release_pass_done() {
                     break;
                 }
@@ -374,12 +397,12 @@ impl QueueShared {
     }
 
     /// `release_plain` for a queue with a batch handler: the same releases, each run of them with one status and
-    /// vendor error handed over in one call, with their wr_ids gathered into the batcher's array, or (an
+    /// vendor error handed over in one call (with `QUIET`, a run of successes released without one), with their wr_ids gathered into the batcher's array, or (an
     /// indexed queue, `INDEXED`) only where the batch starts and how long it is. Under `SendLedger`'s contract
     /// as `release_plain` is; a batch ends before the first barrier, and the barrier is read again after each
     /// batch's call, so a barrier the call makes due runs before the next release.
     #[inline(always)]
-    fn release_batched<const INDEXED: bool>(&self, b: &Batcher) {
+    fn release_batched<const INDEXED: bool, const QUIET: bool>(&self, b: &Batcher) {
         let ledger = &*self.ledger;
         let ring = &ledger.ring;
         loop {
@@ -401,7 +424,7 @@ impl QueueShared {
             // successes of the ULP's WRs only (the ring is plain from the tail, the queue has not failed) is one
             // batch whole.
             let plain = ring.is_plain_from(tail) && !ledger.has_failed();
-            if plain && !b.successes {
+            if QUIET && plain {
                 // A run of successes for a handler that wants failures only: released, nothing to call.
                 ledger.set_released(tail + n, released + n);
                 return;
@@ -436,7 +459,7 @@ impl QueueShared {
                     }
                 };
                 ledger.set_released(tail + count as u64, released + count as u64);
-                if b.successes || first.status() != 0 {
+                if !QUIET || first.status() != 0 {
                     b.handler.call(Some(&wr_ids[..count]), count, first_index, first.status() as u32, first.vendor_err());
                 }
                 count
@@ -450,7 +473,7 @@ impl QueueShared {
                     if k == first_part.len() && !wrapped.is_empty() { k + count_alike(wrapped, first.meta()) } else { k }
                 };
                 ledger.set_released(tail + count as u64, released + count as u64);
-                if b.successes || first.status() != 0 {
+                if !QUIET || first.status() != 0 {
                     b.handler.call(None, count, first_index, first.status() as u32, first.vendor_err());
                 }
                 count
