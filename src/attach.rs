@@ -42,4 +42,7 @@ pub(crate) trait AttachedSrq {
     fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64>;
     /// Hands out due releases, then runs the low-watermark callback if the posted receives dropped below it.
     fn run_releases(&self);
+    /// Whether the SRQ has no release handler and no low watermark: then `on_cqe` is all a receive CQE needs,
+    /// and nothing it does calls out of the library.
+    fn is_silent(&self) -> bool;
 }

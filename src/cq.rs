@@ -786,17 +786,33 @@ impl CqShared {
     /// A receive CQE of a managed SRQ registered here; `None` if no such SRQ (then it is treated as any CQE).
     fn reap_srq(&self, token: Token, wc: &ibv_wc) -> Option<CqeFate> {
         let id = token.index() - SRQ_TOKEN_BASE;
-        let srq = self.state.borrow().srqs.iter().find(|e| e.0 == id).map(|e| e.1.clone())?;
-        let fate = match srq.on_cqe(token, wc.status as u8, crate::verbs::wc_vendor_err(wc), wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc)) {
-            Some(wr_id) => CqeFate::Visible(wr_id),
-            None => CqeFate::Stray,
+        let on_cqe = |srq: &dyn AttachedSrq| {
+            match srq.on_cqe(token, wc.status as u8, crate::verbs::wc_vendor_err(wc), wc.opcode as u8, crate::verbs::wc_invalidated_rkey(wc)) {
+                Some(wr_id) => CqeFate::Visible(wr_id),
+                None => CqeFate::Stray,
+            }
         };
+        // Counted once its releases are handed out, as a queue's CQE is (`reap`).
+        let counted = |fate: CqeFate| {
+            bump(&self.counts.cqes, 1);
+            if matches!(fate, CqeFate::Stray) {
+                bump(&self.counts.stray, 1);
+            }
+            Some(fate)
+        };
+        let srq = {
+            let st = self.state.borrow();
+            let e = st.srqs.iter().find(|e| e.0 == id)?;
+            // A silent SRQ calls nothing out of the library: the CQ's state may stay borrowed, and the SRQ needs
+            // no reference of its own to outlive a callback.
+            if e.1.is_silent() {
+                return counted(on_cqe(&*e.1));
+            }
+            e.1.clone()
+        };
+        let fate = on_cqe(&*srq);
         srq.run_releases();
-        bump(&self.counts.cqes, 1);
-        if matches!(fate, CqeFate::Stray) {
-            bump(&self.counts.stray, 1);
-        }
-        Some(fate)
+        counted(fate)
     }
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:

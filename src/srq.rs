@@ -70,6 +70,9 @@ pub(crate) struct SrqShared {
     release: Option<ReleaseHandler>,
     low_watermark: u32,
     low: Option<Box<dyn Fn(u32)>>,
+    /// No release handler and no low watermark: a release would call nothing and count nothing, so none is
+    /// kept (`due` stays empty, with no room reserved) and `run_releases` returns at once.
+    silent: bool,
     pub(crate) queues: Cell<u32>,
     /// `release_all` gave back receives the device still holds: a QP attached later could consume them into
     /// buffers the ULP has reused, and a post could overflow the SRQ, so it takes no more queues or receives.
@@ -105,8 +108,11 @@ impl Srq {
         // Storage first, so that a failure leaves nothing to undo. `due` holds at most every posted receive:
         // reserved now, it never grows (allocates) while releasing.
         let slots = SrqSlots::new(depth)?;
+        let silent = release.is_none() && low_watermark == 0;
         let mut due = std::collections::VecDeque::new();
-        crate::alloc::reserve_deque(&mut due, depth as usize, "the SRQ's due releases")?;
+        if !silent {
+            crate::alloc::reserve_deque(&mut due, depth as usize, "the SRQ's due releases")?;
+        }
         let id = take_id()?;
         Ok(Srq {
             shared: Rc::new(SrqShared {
@@ -122,6 +128,7 @@ impl Srq {
                 release,
                 low_watermark,
                 low,
+                silent,
                 queues: Cell::new(0),
                 retired: Cell::new(false),
             }),
@@ -164,7 +171,12 @@ impl Srq {
             if st.slots.posted() > 0 {
                 self.shared.retired.set(true);
             }
-            st.slots.release_all(|r| st.due.push_back(Completion::from((r, true))));
+            let silent = self.shared.silent;
+            st.slots.release_all(|r| {
+                if !silent {
+                    st.due.push_back(Completion::from((r, true)));
+                }
+            });
         }
         // Nothing will consume these receives: no low-watermark call (the ULP must not refill what it tears down).
         self.shared.deliver_releases();
@@ -279,14 +291,19 @@ impl SrqShared {
     pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
         let mut st = self.state.borrow_mut();
         let r = st.slots.on_cqe(token.field(), status, vendor_err, wc_opcode, remote_inv)?;
-        let mut c = Completion::from((r, true));
-        c.flags |= SQD_COMPLETION_RECV;
-        st.due.push_back(c);
+        if !self.silent {
+            let mut c = Completion::from((r, true));
+            c.flags |= SQD_COMPLETION_RECV;
+            st.due.push_back(c);
+        }
         Some(r.wr_id)
     }
 
     /// Hands out due releases, then runs the low-watermark callback if the posted receives dropped below it.
     pub(crate) fn run_releases(&self) {
+        if self.silent {
+            return;
+        }
         if self.deliver_releases() {
             self.check_low_watermark();
         }
@@ -345,5 +362,8 @@ impl AttachedSrq for SrqShared {
     }
     fn run_releases(&self) {
         SrqShared::run_releases(self)
+    }
+    fn is_silent(&self) -> bool {
+        self.silent
     }
 }

@@ -1610,3 +1610,49 @@ fn release_all_does_not_run_the_low_watermark_callback() {
     srq.release_all().unwrap(); // no queue attached, no poll anywhere
     assert!(calls.borrow().is_empty(), "Srq::new documents that `low` runs from a poll; release_all ran it with {:?}", calls.borrow());
 }
+
+/// An SRQ with no release handler and no low watermark (the SPDK provider's) keeps no releases: its receives'
+/// completions are shown by the poll, counted, and their slots free for new receives, in every round.
+#[test]
+fn an_srq_without_handler_or_watermark_counts_and_frees_its_receives() {
+    const DEPTH: u32 = 4;
+    let (src, dst) = (Buf::new(4096, 7), Buf::new(4096, 0));
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let ((src_key, _), (dst_key, _)) = (reg(&dev, &src), reg(&dev, &dst));
+    let icq = dev.create_cq(64).unwrap();
+    let tcq_raw = dev.create_cq(64).unwrap();
+    let srq_raw = dev.create_srq(&mut srq_attr(DEPTH)).unwrap();
+    let ini = dev.create_qp(&mut qp_attr(icq, icq, 8, 0)).unwrap();
+    let mut ta = qp_attr(tcq_raw, tcq_raw, 4, 0);
+    ta.srq = srq_raw;
+    let tgt = dev.create_qp(&mut ta).unwrap();
+    dev.connect(ini, tgt, &SimConnAttr::default()).unwrap();
+    let tcq = Cq::new(cq_handle(tcq_raw));
+    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    let srq = Rc::new(Srq::new(unsafe { SrqHandle::from_raw(srq_raw) }.unwrap(), DEPTH, None, 0, None).unwrap());
+    let qcfg = QueueConfig { sq_depth: 4, max_send_sge: 4, max_inline_data: 64, ..QueueConfig::default() };
+    let q = Queue::with_srq(&tcq, &tcq, &srq, qp_handle(tgt), qcfg, None).unwrap();
+    let mut next = 0u64;
+    for round in 0..3u64 {
+        let recvs: Vec<_> = (next..next + DEPTH as u64).map(|i| (i, dst.addr() + (i % 64) * 64, 64, dst_key)).collect();
+        srq_post(&srq, &recvs).unwrap();
+        assert_eq!(srq.stats().posted, DEPTH);
+        for i in 0..DEPTH as u64 {
+            assert_eq!(post1(ini, wr(i, op::IBV_WR_SEND, SIGNALED, &[(src.addr(), 16, src_key)])), 0);
+        }
+        dev.run_until_idle(1000).unwrap();
+        let shown: Vec<u64> = mpoll(&tcq).iter().map(|w| {
+            assert_eq!((w.status, w.opcode, w.byte_len), (OK, ibv_wc_opcode::IBV_WC_RECV, 16), "round {round}");
+            w.wr_id
+        }).collect();
+        assert_eq!(shown, (next..next + DEPTH as u64).collect::<Vec<_>>(), "round {round}: every receive shown once, in order");
+        let s = srq.stats();
+        assert_eq!((s.posted, s.cqes, s.total_posted), (0, (round + 1) * DEPTH as u64, (round + 1) * DEPTH as u64), "round {round}");
+        assert_eq!(poll(icq, 64).len(), DEPTH as usize);
+        next += DEPTH as u64;
+    }
+    srq_post(&srq, &[(99, dst.addr(), 64, dst_key)]).unwrap();
+    drop(q);
+    srq.release_all().unwrap();
+    assert_eq!(srq.stats().posted, 0);
+}
