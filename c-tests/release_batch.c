@@ -1,8 +1,9 @@
-/* Batched releases through the C API (sqd_queue_set_release_batch): a batch callback and the per-WR release
- * callback together release every WR exactly once and in post order; successes come in batches, each saying
- * where it starts (`first`); what a batch cannot carry (WRs released as never posted) comes through the per-WR
- * callback; on a queue with SQD_QUEUE_INDEXED both carry indexes instead of wr_ids; bad calls fail with a clear
- * errno and message.
+/* Batched releases through the C API (sqd_queue_set_release_batch, sqd_queue_set_release_failures): a batch
+ * callback and the per-WR release callback together release every WR exactly once and in post order;
+ * successes come in batches, each saying where it starts (`first`), or with sqd_queue_set_release_failures
+ * make no call and only count; what a batch cannot carry (WRs released as never posted) comes through the
+ * per-WR callback; on a queue with SQD_QUEUE_INDEXED both carry indexes instead of wr_ids; bad calls fail with a
+ * clear errno and message.
  *
  * Each scenario prints "PASS <name>" or "FAIL <name>: <why>"; the exit status is non-zero if any failed. */
 
@@ -40,6 +41,21 @@ static void on_batch(void *ctx, const struct sqd_release_batch *b)
                  (unsigned long long)s.released, b->count, nseen);
     for (uint32_t i = 0; i < b->count && nseen < 256; i++)
         seen[nseen++] = (struct seen){b->wr_ids ? b->wr_ids[i] : b->first + i, b->status, 1};
+    batches++;
+}
+
+/* A failures-only batch: never a success, and each one's first WR the next index after what was released. */
+static void on_batch_failures(void *ctx, const struct sqd_release_batch *b)
+{
+    struct mq *m = ctx;
+    struct sqd_queue_stats s;
+    if (b->status == IBV_WC_SUCCESS && !batch_error[0])
+        snprintf(batch_error, sizeof batch_error, "a batch of %u successes", b->count);
+    if (sqd_queue_stats(m->q, &s) == 0 && s.released != b->first + b->count && !batch_error[0])
+        snprintf(batch_error, sizeof batch_error, "stats.released %llu inside a batch of %u from index %llu",
+                 (unsigned long long)s.released, b->count, (unsigned long long)b->first);
+    for (uint32_t i = 0; i < b->count && nseen < 256; i++)
+        seen[nseen++] = (struct seen){b->wr_ids[i], b->status, 1};
     batches++;
 }
 
@@ -166,6 +182,38 @@ static void an_indexed_queue_releases_indexes(void)
     CHECK_EQ(qstats(plain).bytes, before);
 }
 
+/* With sqd_queue_set_release_failures: the successes make no call, yet count as released; the failure and the
+ * flushes behind it come in batches, the parked WRs through the per-WR callback, in post order. */
+static void only_failures_make_a_call(void)
+{
+    nseen = batches = 0;
+    batch_error[0] = 0;
+    indexed = 0;
+    struct mq *m = rig1((struct qcfg){.sq_depth = 8, .signal_interval = 4, .backlog_depth = 8}, 256);
+    m->hook = per_wr_hook;
+    CHECK_EQ(sqd_queue_set_release_failures(m->q, on_batch_failures, m), 0);
+    EXPECT_ERR(sqd_queue_set_release_batch(m->q, on_batch, m), EBUSY, "already set");
+    post_sends(m, 0, 8);
+    complete(m, INT_MAX);
+    poll_all(the_rig->scq);
+    CHECK_EQ(batches, 0);
+    CHECK_EQ(nseen, 0);
+    CHECK_EQ(qstats(m).released, 8);
+    post_sends(m, 8, 12); /* 8..15 posted, 16..19 parked */
+    CHECK_EQ(complete(m, 2), 2);
+    CHECK_EQ(sqd_scripted_fail(m->qp, IBV_WC_REM_ACCESS_ERR, 7), 0); /* WR 10 fails, 11..15 are flushed */
+    settle(the_rig, m);
+    CHECK(!batch_error[0]);
+    callbacks_ok(m);
+    CHECK_EQ(qstats(m).released, 20);
+    CHECK_EQ(nseen, 10); /* 10..19: the successes 8 and 9 made no call */
+    for (size_t i = 0; i < nseen; i++) {
+        CHECK_EQ(seen[i].wr_id, 10 + i);
+        CHECK_EQ(seen[i].status, i == 0 ? IBV_WC_REM_ACCESS_ERR : IBV_WC_WR_FLUSH_ERR);
+        CHECK_EQ(seen[i].batched, i < 6);
+    }
+}
+
 static void noop_batch(void *ctx, const struct sqd_release_batch *b)
 {
     (void)ctx;
@@ -192,6 +240,8 @@ static void bad_calls_fail_clearly(void)
     struct sqd_queue_attr attr = {.sq_depth = 8, .max_send_sge = 1};
     CHECK_EQ(sqd_queue_new(r->scq, NULL, bare->qp, &attr, &bare->q), 0);
     EXPECT_ERR(sqd_queue_set_release_batch(bare->q, noop_batch, NULL), EINVAL, "no release handler");
+    EXPECT_ERR(sqd_queue_set_release_failures(bare->q, noop_batch, NULL), EINVAL, "no release handler");
+    EXPECT_ERR(sqd_queue_set_release_failures(NULL, noop_batch, NULL), EINVAL, "q is NULL");
     struct mq *m = add_queue(r, (struct qcfg){.sq_depth = 8, .signal_interval = 4});
     EXPECT_ERR(sqd_queue_set_release_batch(m->q, NULL, NULL), EINVAL, "fn is NULL");
     size_t before = qstats(m).bytes;
@@ -209,6 +259,7 @@ int main(void)
     run("successes come in batches", successes_come_in_batches);
     run("a failure keeps order across both callbacks", a_failure_keeps_order_across_both_callbacks);
     run("an indexed queue releases indexes", an_indexed_queue_releases_indexes);
+    run("only failures make a call", only_failures_make_a_call);
     run("bad calls fail clearly", bad_calls_fail_clearly);
     return harness_finish("release_batch");
 }

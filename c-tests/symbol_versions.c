@@ -47,6 +47,8 @@ static void each_function_has_its_release_node(void)
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.3") != NULL);
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order", "SQDISC_0.2") == NULL);
     CHECK(dlvsym(RTLD_DEFAULT, "sqd_cq_out_of_order_message", "SQDISC_0.3") != NULL);
+    CHECK(dlvsym(RTLD_DEFAULT, "sqd_queue_set_release_failures", "SQDISC_0.3") != NULL);
+    CHECK(dlvsym(RTLD_DEFAULT, "sqd_queue_set_release_failures", "SQDISC_0.2") == NULL);
 }
 
 static void stats_keeps_its_0_1_version(void)

@@ -232,6 +232,31 @@ pub extern "C" fn sqd_queue_set_release_batch(q: *mut sqd_queue, r#fn: ReleaseBa
     })
 }
 
+/// `sqd_queue_set_release_batch` for ULPs that have nothing to do when their WRs succeed (they learn of the
+/// successes from the completions they signaled, say): a batch of successes is released without a call, and
+/// `fn(ctx, batch)` gets the batches of failures only (a WR's own error, then the flushes behind it), each with
+/// one status and vendor error, oldest first. A success is still counted in `sqd_queue_stats.released` and
+/// still lets a deferred action that waits for it run in its place.
+///
+/// Everything else is as with `sqd_queue_set_release_batch`: every release a batch cannot carry still goes to
+/// `release` (successes among them, wherever the library releases them one by one), between them each WR that
+/// gets a call gets exactly one and in post order, and the queue must have a `release` callback. Set at most
+/// one of the two, at most once, outside the queue's own callbacks. Saves gathering the batch's wr_ids and the
+/// call for each completion that retires only successes.
+///
+/// Returns 0, or `-EINVAL` (NULL `q` or `fn`; the queue has no `release`), `-EBUSY` (a batch callback is
+/// already set; called from one of the queue's own callbacks), `-ENOMEM`.
+#[no_mangle]
+pub extern "C" fn sqd_queue_set_release_failures(q: *mut sqd_queue, r#fn: ReleaseBatchFn, ctx: *mut c_void) -> i32 {
+    ffi_boundary!({
+        let q = try_ref!(q.object(), "q");
+        let _held = q.lock().map(|l| l.lock());
+        let Some(f) = r#fn else { return fail(&Error::invalid("fn is NULL")) };
+        // SAFETY: the C caller promises `fn` may be called with `ctx` and a batch while the queue exists.
+        status(q.set_release_failures_foreign(unsafe { ForeignBatch::new(f, ctx) }))
+    })
+}
+
 /// Hands a chain of send WRs to the queue instead of `ibv_post_send`.
 ///
 /// Each WR in turn is checked, then either posted (the WRs posted by one call go to the provider in runs of up

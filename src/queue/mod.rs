@@ -748,6 +748,12 @@ impl Queue {
         self.set_batch_call(BatchCall::Foreign(f), true)
     }
 
+    /// `set_release_failures` with a C function (`sqd_queue_set_release_failures`).
+    #[cfg(feature = "capi")]
+    pub(crate) fn set_release_failures_foreign(&self, f: crate::verbs::ForeignBatch) -> Result<()> {
+        self.set_batch_call(BatchCall::Foreign(f), false)
+    }
+
     /// `successes`: whether batches of successes are handed to `handler` (`set_release_batch`) or released
     /// without a call (`set_release_failures`).
     fn set_batch_call(&self, handler: BatchCall, successes: bool) -> Result<()> {
