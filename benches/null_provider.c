@@ -180,32 +180,31 @@ static inline void put_recv_cqe(struct null_qp *qp, uint32_t seq)
         rcq->ring[rcq->head++ & rcq->mask] = (struct null_cqe){(struct null_qp *)((uintptr_t)qp | RECV_TAG), seq};
 }
 
-static int null_post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+/* post_send with echo on; `from_srq` as for poll_echo. */
+static inline int post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr, int from_srq)
 {
     struct null_qp *qp = (struct null_qp *)ibqp;
+    uint32_t *next = from_srq ? &qp->srq->next : &qp->rnext;
+    const uint32_t *head = from_srq ? &qp->srq->head : &qp->rhead;
     struct ibv_send_wr *w = wr;
     int ret = null_post_send(ibqp, wr, bad_wr);
     for (; w && (!ret || w != *bad_wr); w = w->next) {
-        if (w->opcode != IBV_WR_SEND || qp->rnext == qp->rhead)
+        if (w->opcode != IBV_WR_SEND || *next == *head)
             continue;
-        put_recv_cqe(qp, qp->rnext++);
+        put_recv_cqe(qp, (*next)++);
     }
     return ret;
+}
+
+static int null_post_send_echo(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+    return post_send_echo(ibqp, wr, bad_wr, 0);
 }
 
 /* null_post_send_echo for a device whose QPs take their receives from an SRQ (null_device_set_echo_srq). */
 static int null_post_send_echo_srq(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
-    struct null_qp *qp = (struct null_qp *)ibqp;
-    struct null_srq *srq = qp->srq;
-    struct ibv_send_wr *w = wr;
-    int ret = null_post_send(ibqp, wr, bad_wr);
-    for (; w && (!ret || w != *bad_wr); w = w->next) {
-        if (w->opcode != IBV_WR_SEND || srq->next == srq->head)
-            continue;
-        put_recv_cqe(qp, srq->next++);
-    }
-    return ret;
+    return post_send_echo(ibqp, wr, bad_wr, 1);
 }
 
 static int null_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
@@ -243,7 +242,9 @@ static int null_post_recv_echo(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, stru
     return 0;
 }
 
-static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+/* poll_cq with echo on; `from_srq`: the receives' wr_ids are their SRQ's (a constant in each op below, so that
+ * each compiles to its own loop). */
+static inline int poll_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc, int from_srq)
 {
     struct null_cq *cq = (struct null_cq *)ibcq;
     if (cq->overrun) {
@@ -255,7 +256,12 @@ static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
         struct null_cqe *c = &cq->ring[tail & cq->mask];
         struct null_qp *qp = (struct null_qp *)((uintptr_t)c->qp & ~RECV_TAG);
         memset(&wc[i], 0, sizeof wc[i]);
-        if ((uintptr_t)c->qp & RECV_TAG) {
+        if ((uintptr_t)c->qp & RECV_TAG && from_srq) {
+            struct null_srq *srq = qp->srq;
+            wc[i].wr_id = srq->ring[c->seq & srq->mask];
+            srq->tail = c->seq + 1; /* completed in the order they were posted (the SRQ's receives wait in a FIFO) */
+            wc[i].opcode = IBV_WC_RECV;
+        } else if ((uintptr_t)c->qp & RECV_TAG) {
             wc[i].wr_id = qp->rring[c->seq & qp->rmask];
             qp->rtail = c->seq + 1;
             wc[i].opcode = IBV_WC_RECV;
@@ -272,35 +278,15 @@ static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     return i;
 }
 
-/* null_poll_cq_echo for a device whose QPs take their receives from an SRQ: a receive's wr_id is the SRQ's. */
+static int null_poll_cq_echo(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+    return poll_echo(ibcq, n, wc, 0);
+}
+
+/* null_poll_cq_echo for a device whose QPs take their receives from an SRQ (null_device_set_echo_srq). */
 static int null_poll_cq_echo_srq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 {
-    struct null_cq *cq = (struct null_cq *)ibcq;
-    if (cq->overrun) {
-        errno = EOVERFLOW;
-        return -1;
-    }
-    int i = 0;
-    for (uint32_t tail = cq->tail; i < n && tail != cq->head; i++, tail++) {
-        struct null_cqe *c = &cq->ring[tail & cq->mask];
-        struct null_qp *qp = (struct null_qp *)((uintptr_t)c->qp & ~RECV_TAG);
-        memset(&wc[i], 0, sizeof wc[i]);
-        if ((uintptr_t)c->qp & RECV_TAG) {
-            struct null_srq *srq = qp->srq;
-            wc[i].wr_id = srq->ring[c->seq & srq->mask];
-            srq->tail = c->seq + 1; /* completed in the order they were posted (the SRQ's receives wait in a FIFO) */
-            wc[i].opcode = IBV_WC_RECV;
-        } else {
-            struct null_wqe *w = &qp->ring[c->seq & qp->mask];
-            qp->tail = c->seq + 1;
-            wc[i].wr_id = w->wr_id;
-            wc[i].opcode = wc_opcode(w->opcode);
-        }
-        wc[i].status = IBV_WC_SUCCESS;
-        wc[i].qp_num = qp->qp.qp_num;
-    }
-    cq->tail += (uint32_t)i;
-    return i;
+    return poll_echo(ibcq, n, wc, 1);
 }
 
 struct null_device *null_device_new(void)

@@ -132,6 +132,21 @@ static unsigned long long allocs_so_far(void)
     return allocs;
 }
 
+/* The null device of a run (with echo set by `echo`, unless NULL), its CQ, and a PD standing for the device's (the
+ * null device reads no SGE and has no PD). */
+static struct ibv_cq *bench_device(int (*echo)(struct null_device *), struct ibv_pd *pd)
+{
+    bench.dev = null_device_new();
+    if (!bench.dev || (echo && echo(bench.dev)))
+        DIE("null_device_new");
+    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
+    if (!cq)
+        DIE("create_cq");
+    memset(pd, 0, sizeof *pd);
+    pd->context = cq->context;
+    return cq;
+}
+
 /* ---- the host's loop ----------------------------------------------------------------------------------------- */
 
 struct host_request {
@@ -144,15 +159,8 @@ struct host_request {
 
 static int host_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
 {
-    bench.dev = null_device_new();
-    if (!bench.dev || null_device_set_echo(bench.dev))
-        DIE("null_device_new");
-    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
-    if (!cq)
-        DIE("create_cq");
     struct ibv_pd pd;
-    memset(&pd, 0, sizeof pd);
-    pd.context = cq->context;
+    struct ibv_cq *cq = bench_device(null_device_set_echo, &pd);
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);
     struct spdk_rdma_provider_qp *sq = NULL;
@@ -259,15 +267,8 @@ static int host_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
 
 static int srq_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
 {
-    bench.dev = null_device_new();
-    if (!bench.dev || null_device_set_echo_srq(bench.dev))
-        DIE("null_device_new");
-    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
-    if (!cq)
-        DIE("create_cq");
     struct ibv_pd pd;
-    memset(&pd, 0, sizeof pd);
-    pd.context = cq->context;
+    struct ibv_cq *cq = bench_device(null_device_set_echo_srq, &pd);
     const unsigned max_send = 2 * qd, slots = max_send / PER, nrecv = 2 * qd;
 
     struct spdk_rdma_provider_srq *psrq = NULL;
@@ -456,16 +457,8 @@ int main(int argc, char **argv)
         return srq_loop(use_sqdisc, n, batch, qd);
     unsigned max_send = 2 * qd, slots = max_send / PER;
 
-    bench.dev = null_device_new();
-    if (!bench.dev)
-        DIE("null_device_new");
-    struct ibv_cq *cq = null_create_cq(bench.dev, 4096);
-    if (!cq)
-        DIE("create_cq");
-    /* The null device reads no SGE, and has no PD: one stands for it. */
     struct ibv_pd pd;
-    memset(&pd, 0, sizeof pd);
-    pd.context = cq->context;
+    struct ibv_cq *cq = bench_device(NULL, &pd);
 
     struct rdma_cm_id id;
     memset(&id, 0, sizeof id);

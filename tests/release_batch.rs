@@ -281,17 +281,22 @@ fn set_release_batch_refuses_what_it_cannot_honour() {
     assert_eq!(*inner.borrow(), Some(Err(libc::EBUSY)), "a deferred action runs inside the release pass");
 }
 
+/// Posts WRs 0..12 on a queue that signals every fourth: 0..6 execute (3 is signaled: its CQE), then 6 fails
+/// (vendor error 77): its CQE covers 4 and 5, which succeeded unsignaled, and 7..12 are flushed; all polled.
+fn fail_the_seventh_of_twelve(rig: &Rig) {
+    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
+    rig.complete(6);
+    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
+    rig.complete(usize::MAX);
+    rig.poll_all();
+}
+
 /// An error CQE also retires the unsignaled WRs before it, as successes: one CQE makes a run of successes and
 /// the failing WR due at once, and they are separate batches.
 #[test]
 fn an_error_cqe_releases_the_successes_before_it_and_its_wr_as_separate_batches() {
     let (rig, trace) = batched_rig(scripted, config(16, 4, 0));
-    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
-    // 0..6 execute (3 is signaled: its CQE), then 6 fails: its CQE covers 4 and 5, which succeeded unsignaled.
-    rig.complete(6);
-    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
-    rig.complete(usize::MAX);
-    rig.poll_all();
+    fail_the_seventh_of_twelve(&rig);
     let tr = trace.borrow();
     assert_eq!(tr[0], Seen::Batch((0..4).collect(), WC_SUCCESS, 0), "{tr:?}");
     assert_eq!(tr[1], Seen::Batch(vec![4, 5], WC_SUCCESS, 0), "{tr:?}");
@@ -364,12 +369,7 @@ fn a_deferred_action_runs_in_place_among_quiet_successes(make: Make) {
 #[test]
 fn an_error_cqe_after_quiet_successes_hands_over_the_failure_alone() {
     let (rig, trace) = failures_rig(scripted, config(16, 4, 0));
-    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
-    // 0..6 execute (3 is signaled: its CQE), then 6 fails: its CQE covers 4 and 5, which succeeded unsignaled.
-    rig.complete(6);
-    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
-    rig.complete(usize::MAX);
-    rig.poll_all();
+    fail_the_seventh_of_twelve(&rig);
     let tr = trace.borrow();
     assert_eq!(tr[0], Seen::Batch(vec![6], WC_REM_ACCESS_ERR, 77), "{tr:?}");
     assert_eq!(merged(&trace).iter().map(|&(id, _)| id).collect::<Vec<_>>(), (6..12).collect::<Vec<_>>());
@@ -387,11 +387,7 @@ fn an_indexed_failure_batch_counts_the_quiet_successes_before_it() {
     rig.q()
         .set_release_failures(Box::new(move |b: &ReleaseBatch<'_>| s.borrow_mut().push((b.first, b.count, b.status))))
         .unwrap();
-    rig.post(&mut Chain::sends(0..12, 0)).unwrap();
-    rig.complete(6);
-    rig.dev.fail(rig.qp, WC_REM_ACCESS_ERR, 77).unwrap();
-    rig.complete(usize::MAX);
-    rig.poll_all();
+    fail_the_seventh_of_twelve(&rig);
     let seen = seen.borrow();
     assert_eq!(seen[0], (6, 1, WC_REM_ACCESS_ERR), "{seen:?}");
     assert_eq!(seen.iter().map(|&(_, n, _)| n).sum::<usize>(), 6, "{seen:?}");
