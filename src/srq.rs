@@ -233,6 +233,23 @@ impl SrqShared {
             return Err(RecvPostError { error, bad: first });
         }
         let mut st = self.state.borrow_mut();
+        // The common post, one well-formed receive with a free slot, without the chain's walks.
+        if first.next().is_none() {
+            let (num_sge, list_null) = first.num_sge();
+            if num_sge >= 0 && !(num_sge > 0 && list_null) {
+                let wr_id = first.wr_id();
+                if let Some(field) = st.slots.admit(wr_id) {
+                    st.low_armed = st.low_armed || st.slots.posted() >= self.low_watermark;
+                    first.set_wr_id(Token::new(SRQ_TOKEN_BASE + self.id, Direction::Recv, field).0);
+                    let r = self.handle.post_chain(first);
+                    first.set_wr_id(wr_id);
+                    return r.map_err(|f| {
+                        st.slots.rollback(field);
+                        RecvPostError { error: Error::new(f.errno, format!("the provider's post_srq_recv failed (errno {})", f.errno)), bad: first }
+                    });
+                }
+            }
+        }
         // The WRs carry tokens while the provider reads them; each token names the slot holding the ULP's
         // wr_id, so restoring them afterwards needs no allocation.
         let mut admitted = 0usize;

@@ -256,3 +256,89 @@ fn srq_attr(max_wr: u32) -> ibv_srq_init_attr {
     a.attr.max_sge = 1;
     a
 }
+
+/// A single receive, the common post: a well-formed one takes a credit and comes back with its wr_id; one the
+/// provider refuses (more SGEs than the QP takes) is reported with itself as `bad`, its wr_id back and its
+/// credit returned; one with a bad SGE list or without a credit is refused by the queue.
+#[test]
+fn a_single_receive_is_posted_refused_or_rejected_exactly() {
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let cq = dev.create_cq(4 * DEPTH as i32).unwrap();
+    let mut attr = qp_attr(cq, cq, 8, DEPTH);
+    let qp = dev.create_qp(&mut attr).unwrap();
+    let max_sge = attr.cap.max_recv_sge as i32;
+    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
+    // SAFETY: nothing is ever sent into `buf`, which lives to the end of the test.
+    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
+    // SAFETY: the CQ and QP live as long as the device, which outlives the managed objects.
+    let mcq = Cq::new(unsafe { CqHandle::from_raw(cq) }.unwrap());
+    let cfg = QueueConfig { sq_depth: 8, rq_depth: DEPTH, max_send_sge: 4, ..QueueConfig::default() };
+    // SAFETY: as above.
+    let q = Queue::new(&mcq, Some(&mcq), unsafe { QpHandle::from_raw(qp) }.unwrap(), cfg, None).unwrap();
+    let mut chains = Chains::new(&buf, lkey);
+    // Receive 0 alone (its chain cut after it).
+    chains.wrs[0].next = ptr::null_mut();
+    chains.wrs[0].num_sge = max_sge + 1;
+    let one = chains.head(0);
+    // SAFETY: the WR lives in `chains` for the call.
+    let err = q.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EINVAL, "{}", err.error.message());
+    assert!(ptr::eq(err.bad.as_ptr(), one), "bad_wr must be the refused receive");
+    assert_eq!(chains.wrs[0].wr_id, 0x1000, "the refused receive gets its wr_id back");
+    assert_eq!(q.stats().recv_outstanding, 0, "the refused receive holds no credit");
+    chains.wrs[0].num_sge = 1;
+    chains.wrs[0].sg_list = ptr::null_mut();
+    // SAFETY: as above.
+    let err = q.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EINVAL, "{}", err.error.message());
+    assert_eq!(q.stats().recv_outstanding, 0);
+    chains.wrs[0].sg_list = &mut chains.sges[0];
+    for k in 0..DEPTH {
+        // SAFETY: as above.
+        q.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap();
+        assert_eq!(chains.wrs[0].wr_id, 0x1000, "post {k}: the wr_id comes back");
+    }
+    assert_eq!(q.stats().recv_outstanding, DEPTH);
+    // SAFETY: as above.
+    let err = q.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EAGAIN, "no credit left: {}", err.error.message());
+    assert!(ptr::eq(err.bad.as_ptr(), one));
+    assert_eq!(chains.wrs[0].wr_id, 0x1000);
+}
+
+/// The same for an SRQ: a single receive the provider refuses frees its slot and gets its wr_id back; a
+/// well-formed one takes a slot until the SRQ is full, then `EAGAIN`.
+#[test]
+fn a_single_srq_receive_is_posted_refused_or_rejected_exactly() {
+    let dev = SimDevice::new(&SimConfig::default()).unwrap();
+    let mut attr = srq_attr(DEPTH);
+    let raw = dev.create_srq(&mut attr).unwrap();
+    let max_sge = attr.attr.max_sge as i32;
+    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
+    // SAFETY: nothing is ever sent into `buf`, which lives to the end of the test.
+    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
+    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), DEPTH, None, 0, None).unwrap();
+    let mut chains = Chains::new(&buf, lkey);
+    chains.wrs[0].next = ptr::null_mut();
+    chains.wrs[0].num_sge = max_sge + 1;
+    let one = chains.head(0);
+    // SAFETY: the WR lives in `chains` for the call.
+    let err = srq.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EINVAL, "{}", err.error.message());
+    assert!(ptr::eq(err.bad.as_ptr(), one), "bad_wr must be the refused receive");
+    assert_eq!(chains.wrs[0].wr_id, 0x1000, "the refused receive gets its wr_id back");
+    assert_eq!((srq.stats().posted, srq.stats().total_posted), (0, 0), "the refused receive holds no slot");
+    chains.wrs[0].num_sge = 1;
+    for k in 0..DEPTH {
+        // SAFETY: as above.
+        srq.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap();
+        assert_eq!(chains.wrs[0].wr_id, 0x1000, "post {k}: the wr_id comes back");
+    }
+    assert_eq!(srq.stats().posted, DEPTH);
+    // SAFETY: as above.
+    let err = srq.post_recv(unsafe { RecvChain::from_raw(one) }).unwrap_err();
+    assert_eq!(err.error.errno(), libc::EAGAIN, "the SRQ is full: {}", err.error.message());
+    assert!(ptr::eq(err.bad.as_ptr(), one));
+    srq.release_all().unwrap();
+}
