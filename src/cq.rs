@@ -791,7 +791,6 @@ impl CqShared {
             Some(wr_id) => CqeFate::Visible(wr_id),
             None => CqeFate::Stray,
         };
-        srq.run_releases();
         bump(&self.counts.cqes, 1);
         if matches!(fate, CqeFate::Stray) {
             bump(&self.counts.stray, 1);
