@@ -38,11 +38,10 @@ pub(crate) trait AttachedSrq {
     /// The SRQ's id in its tokens (`SRQ_TOKEN_BASE + id`).
     fn id(&self) -> u32;
     fn depth(&self) -> u32;
-    /// Maps a receive CQE; the ULP's wr_id, or `None` for a stray. The release is handed out by `run_releases`.
+    /// Maps a receive CQE and hands out the releases due, then runs the low-watermark callback if the posted
+    /// receives dropped below it; the ULP's wr_id, or `None` for a stray.
     fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64>;
-    /// Hands out due releases, then runs the low-watermark callback if the posted receives dropped below it.
-    fn run_releases(&self);
-    /// Whether the SRQ has no release handler and no low watermark: then `on_cqe` is all a receive CQE needs,
-    /// and nothing it does calls out of the library.
+    /// Whether the SRQ has no release handler and no low watermark: then `on_cqe` only maps the CQE, and
+    /// nothing it does calls out of the library.
     fn is_silent(&self) -> bool;
 }

@@ -792,7 +792,7 @@ impl CqShared {
                 None => CqeFate::Stray,
             }
         };
-        // Counted once its releases are handed out, as a queue's CQE is (`reap`).
+        // Counted once its release is handed out (by `on_cqe`), as a queue's CQE is (`reap`).
         let counted = |fate: CqeFate| {
             bump(&self.counts.cqes, 1);
             if matches!(fate, CqeFate::Stray) {
@@ -810,9 +810,7 @@ impl CqShared {
             }
             e.1.clone()
         };
-        let fate = on_cqe(&*srq);
-        srq.run_releases();
-        counted(fate)
+        counted(on_cqe(&*srq))
     }
 
     /// Covers the unsignaled tail of every watched queue that saw no post during a whole poll cycle (`now`:

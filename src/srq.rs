@@ -179,7 +179,7 @@ impl Srq {
             });
         }
         // Nothing will consume these receives: no low-watermark call (the ULP must not refill what it tears down).
-        self.shared.deliver_releases();
+        self.shared.deliver_releases(None);
         Ok(())
     }
 
@@ -304,31 +304,42 @@ impl SrqShared {
         }
     }
 
-    /// Maps a receive CQE; the ULP's wr_id, or `None` for a stray. The release is handed out by `run_releases`.
+    /// Maps a receive CQE and hands out the releases due, then runs the low-watermark callback if the posted
+    /// receives dropped below it; the ULP's wr_id, or `None` for a stray. The release goes to the handler
+    /// directly when nothing waits before it and no pass of this SRQ runs; from one of its callbacks (a poll
+    /// of another CQ) it waits in `due` for the running pass, which hands it out next, as before.
     pub(crate) fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
-        let mut st = self.state.borrow_mut();
-        let r = st.slots.on_cqe(token.field(), status, vendor_err, wc_opcode, remote_inv)?;
-        if !self.silent {
-            let mut c = Completion::from((r, true));
-            c.flags |= SQD_COMPLETION_RECV;
-            st.due.push_back(c);
-        }
-        Some(r.wr_id)
-    }
-
-    /// Hands out due releases, then runs the low-watermark callback if the posted receives dropped below it.
-    pub(crate) fn run_releases(&self) {
         if self.silent {
-            return;
+            // Nothing to hand out, nothing to count: the CQE only frees its slot.
+            return self.state.borrow_mut().slots.on_cqe(token.field(), status, vendor_err, wc_opcode, remote_inv).map(|r| r.wr_id);
         }
-        if self.deliver_releases() {
+        let (wr_id, direct) = {
+            let mut st = self.state.borrow_mut();
+            match st.slots.on_cqe(token.field(), status, vendor_err, wc_opcode, remote_inv) {
+                Some(r) => {
+                    let mut c = Completion::from((r, true));
+                    c.flags |= SQD_COMPLETION_RECV;
+                    if !self.releasing.get() && st.due.is_empty() {
+                        (Some(r.wr_id), Some(c))
+                    } else {
+                        st.due.push_back(c);
+                        (Some(r.wr_id), None)
+                    }
+                }
+                None => (None, None),
+            }
+        };
+        if self.deliver_releases(direct) {
             self.check_low_watermark();
         }
+        wr_id
     }
 
-    /// Hands out due releases; `false` if a release loop was already running (it hands out these too).
-    fn deliver_releases(&self) -> bool {
+    /// Hands out `first` (a release due before any in `due`; `None` if the pass is already running), then the
+    /// releases in `due`; `false` if a release pass was already running (it hands out these too).
+    fn deliver_releases(&self, first: Option<Completion>) -> bool {
         if self.releasing.replace(true) {
+            debug_assert!(first.is_none(), "a release handed out directly while a pass runs");
             return false;
         }
         struct Clear<'a>(&'a Cell<bool>);
@@ -338,6 +349,9 @@ impl SrqShared {
             }
         }
         let _clear = Clear(&self.releasing);
+        if let Some(c) = first {
+            call(self.release.as_ref(), &c);
+        }
         loop {
             let next = self.state.borrow_mut().due.pop_front();
             match next {
@@ -376,9 +390,6 @@ impl AttachedSrq for SrqShared {
     }
     fn on_cqe(&self, token: Token, status: u8, vendor_err: u32, wc_opcode: u8, remote_inv: Option<u32>) -> Option<u64> {
         SrqShared::on_cqe(self, token, status, vendor_err, wc_opcode, remote_inv)
-    }
-    fn run_releases(&self) {
-        SrqShared::run_releases(self)
     }
     fn is_silent(&self) -> bool {
         self.silent

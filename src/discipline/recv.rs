@@ -118,6 +118,12 @@ impl RecvState {
         Some(wr_id)
     }
 
+    /// Whether a completed receive waits for its release (`next_release` would return one).
+    #[inline]
+    pub fn release_due(&self) -> bool {
+        self.ring.tail() != self.ring.done()
+    }
+
     #[inline]
     pub fn next_release(&mut self) -> Option<Release> {
         let (_, s) = self.ring.pop_done()?;

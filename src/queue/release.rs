@@ -196,7 +196,70 @@ impl QueueShared {
                 return;
             }
         }
-        self.release_rest::<VERIFY, BATCH, INDEXED, QUIET>(&release);
+        self.release_more::<VERIFY, BATCH, INDEXED, QUIET>(&release);
+    }
+
+    /// The pass after the common releases when it is not over: the receives' own loop if nothing else can be
+    /// due (`sends_quiet`), else the rest of the pass. A function of its own, small: the receives do not pay
+    /// `release_rest`'s setup, and the callers' per-WR loops keep their registers.
+    #[inline(never)]
+    fn release_more<const VERIFY: bool, const BATCH: bool, const INDEXED: bool, const QUIET: bool>(&self, release: &impl Fn(&Completion)) {
+        if VERIFY || !self.sends_quiet() {
+            self.release_rest::<VERIFY, BATCH, INDEXED, QUIET>(release);
+        } else if self.release_recvs(release) {
+            self.debug_assert_pass_done();
+        } else {
+            self.release_after_recvs::<BATCH, INDEXED, QUIET>(release);
+        }
+    }
+
+    /// A receive's callback made something else due: the common releases, as `release_rest` runs them after
+    /// each release, then the rest of the pass unless it is over.
+    #[cold]
+    #[inline(never)]
+    fn release_after_recvs<const BATCH: bool, const INDEXED: bool, const QUIET: bool>(&self, release: &impl Fn(&Completion)) {
+        self.release_common::<BATCH, INDEXED, QUIET>(release);
+        if self.release_pass_done() {
+            return;
+        }
+        self.release_rest::<false, BATCH, INDEXED, QUIET>(release);
+    }
+
+    /// The receives of a pass in which nothing else is due (`sends_quiet`), handed out as the steps of
+    /// `release_rest` would, without them: while the sends stay quiet after a receive's callback, the next
+    /// receive is the next release. Returns whether the pass is over (no receive due: then `release_rest`
+    /// would clear `recv_due` and find `settle_idle` with nothing to do, as `release_pass_done` says); `false`
+    /// when a callback made something else due, which `release_rest` hands out in its order, the common
+    /// releases first.
+    #[inline(always)]
+    fn release_recvs(&self, release: &impl Fn(&Completion)) -> bool {
+        debug_assert!(self.sends_quiet());
+        loop {
+            let c = {
+                let mut st = self.state.borrow_mut();
+                let Some(r) = st.recv.as_mut() else {
+                    self.recv_due.set(false);
+                    return true;
+                };
+                let Some(rel) = r.next_release() else {
+                    self.recv_due.set(false);
+                    return true;
+                };
+                // None is due after this one: cleared now, and set again by any receive that completes before
+                // the next look (a poll from the callback).
+                if !r.release_due() {
+                    self.recv_due.set(false);
+                }
+                Completion::from((rel, true))
+            };
+            release(&c);
+            if !self.sends_quiet() {
+                return false;
+            }
+            if !self.recv_due.get() {
+                return true;
+            }
+        }
     }
 
     /// The common releases: through `release` one by one (`release_plain`), or to the batch handler
@@ -292,16 +355,28 @@ impl QueueShared {
     /// parked nothing is pumped, and a tail left unsignaled was watched by the post that left it.
     #[inline(always)]
     fn release_pass_done(&self) -> bool {
+        let done = !self.recv_due.get() && self.sends_quiet();
+        if done {
+            self.debug_assert_pass_done();
+        }
+        done
+    }
+
+    /// The send side of `release_pass_done`: no posted slot complete, no barrier due, nothing parked, the queue
+    /// open. Then nothing but a receive can be due.
+    #[inline(always)]
+    fn sends_quiet(&self) -> bool {
         let ledger = &*self.ledger;
-        let done = !self.recv_due.get()
-            && ledger.plain_open()
-            && ledger.ring.tail() == ledger.ring.done()
-            && ledger.released() < ledger.first_barrier();
+        ledger.plain_open() && ledger.ring.tail() == ledger.ring.done() && ledger.released() < ledger.first_barrier()
+    }
+
+    /// At the end of a release pass that skipped `settle_idle`: it would have had nothing to do.
+    #[inline(always)]
+    fn debug_assert_pass_done(&self) {
         debug_assert!(
-            !done || self.state.try_borrow().map_or(true, |st| !st.send.has_unsignaled_tail() || self.watched.get()),
+            self.state.try_borrow().map_or(true, |st| !st.send.has_unsignaled_tail() || self.watched.get()),
             "an unsignaled tail nobody watches at the end of a release pass"
         );
-        done
     }
 
     /// The end of a release pass, when nothing is due: posts parked WRs that now have credits and watches a tail
