@@ -194,21 +194,38 @@ fn srq_post_recv_allocates_no_more_than_the_provider() {
     srq.release_all().unwrap();
 }
 
-#[test]
-fn srq_post_refused_by_the_provider_frees_exactly_the_refused_slots() {
+/// A managed SRQ of `DEPTH` receives on the sim, with receive chains in a registered buffer. Fields drop in
+/// order: the SRQ before the device.
+struct SrqRig {
+    srq: Srq,
+    chains: Chains,
+    max_sge: i32,
+    _buf: Buf,
+    _dev: std::pin::Pin<Box<SimDevice>>,
+}
+
+fn srq_rig() -> SrqRig {
     let dev = SimDevice::new(&SimConfig::default()).unwrap();
     let mut attr = srq_attr(DEPTH);
     let raw = dev.create_srq(&mut attr).unwrap();
     let max_sge = attr.attr.max_sge as i32;
     let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
-    // SAFETY: as in the queue test, nothing is ever sent into `buf`, which lives to the end of the test.
+    // SAFETY: as in the queue test, nothing is ever sent into `buf`, which the rig keeps.
     let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
-    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
+    // SAFETY: the SRQ lives as long as the device, which the rig drops after the managed SRQ.
     let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), DEPTH, None, 0, None).unwrap();
+    let chains = Chains::new(&buf, lkey);
+    SrqRig { srq, chains, max_sge, _buf: buf, _dev: dev }
+}
+
+#[test]
+fn srq_post_refused_by_the_provider_frees_exactly_the_refused_slots() {
+    let mut r = srq_rig();
+    let (srq, max_sge) = (&r.srq, r.max_sge);
+    let chains = &mut r.chains;
 
     // The second WR of the first chain names more SGEs than the SRQ takes: the provider posts the first and
     // refuses the rest.
-    let mut chains = Chains::new(&buf, lkey);
     chains.wrs[1].num_sge = max_sge + 1;
     let head = chains.head(0);
     // SAFETY: the chain lives in `chains` for the call.
@@ -310,16 +327,9 @@ fn a_single_receive_is_posted_refused_or_rejected_exactly() {
 /// well-formed one takes a slot until the SRQ is full, then `EAGAIN`.
 #[test]
 fn a_single_srq_receive_is_posted_refused_or_rejected_exactly() {
-    let dev = SimDevice::new(&SimConfig::default()).unwrap();
-    let mut attr = srq_attr(DEPTH);
-    let raw = dev.create_srq(&mut attr).unwrap();
-    let max_sge = attr.attr.max_sge as i32;
-    let buf = Buf::new(64 * CHAINS * CHAIN_LEN, 0);
-    // SAFETY: nothing is ever sent into `buf`, which lives to the end of the test.
-    let lkey = mr_keys(unsafe { dev.reg_mr(buf.ptr().cast(), buf.len(), ACCESS_ALL) }.unwrap()).0;
-    // SAFETY: the SRQ lives as long as the device, which outlives the managed SRQ.
-    let srq = Srq::new(unsafe { SrqHandle::from_raw(raw) }.unwrap(), DEPTH, None, 0, None).unwrap();
-    let mut chains = Chains::new(&buf, lkey);
+    let mut r = srq_rig();
+    let (srq, max_sge) = (&r.srq, r.max_sge);
+    let chains = &mut r.chains;
     chains.wrs[0].next = ptr::null_mut();
     chains.wrs[0].num_sge = max_sge + 1;
     let one = chains.head(0);
