@@ -991,7 +991,9 @@ int32_t sqd_queue_set_release_batch(struct sqd_queue *q, sqd_release_batch_fn fn
  * successes from the completions they signaled, say): a batch of successes is released without a call, and
  * `fn(ctx, batch)` gets the batches of failures only (a WR's own error, then the flushes behind it), each with
  * one status and vendor error, oldest first. A success is still counted in `sqd_queue_stats.released` and
- * still lets a deferred action that waits for it run in its place.
+ * still lets a deferred action that waits for it run in its place. A success's buffers may be reused once it
+ * is released: by the time `sqd_cq_poll` returns the completion of a WR you signaled (when not called from
+ * one of the queue's own callbacks), that WR and every WR posted before it on the queue are.
  *
  * Everything else is as with `sqd_queue_set_release_batch`: every release a batch cannot carry still goes to
  * `release` (successes among them, wherever the library releases them one by one), between them each WR that

@@ -394,6 +394,23 @@ fn an_indexed_failure_batch_counts_the_quiet_successes_before_it() {
     assert!(seen[1..].iter().all(|&(_, _, st)| st == WC_WR_FLUSH_ERR), "{seen:?}");
 }
 
+/// What a ULP with a failures-only handler relies on to reuse its buffers: when a poll returns the completion of
+/// a WR it signaled, that WR and every WR posted before it on the queue are released.
+#[test]
+fn a_signaled_completion_comes_with_its_wr_and_those_before_it_released() {
+    let (rig, trace) = failures_rig(scripted, config(16, 16, 0));
+    rig.post(&mut Chain::sends(0..5, 0)).unwrap();
+    rig.post(&mut Chain::sends(5..6, SIGNALED)).unwrap();
+    rig.post(&mut Chain::sends(6..8, 0)).unwrap();
+    rig.complete(6);
+    // SAFETY: all-zero is a valid `ibv_wc`.
+    let mut wc: [rdma_sys::ibv_wc; 4] = unsafe { std::mem::zeroed() };
+    let n = rig.cq.poll(&mut wc).unwrap();
+    assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 5, WC_SUCCESS));
+    assert_eq!(rig.q().stats().released, 6, "WRs 0..=5 released when the completion of 5 is returned");
+    assert!(trace.borrow().is_empty() && rig.log.borrow().is_empty());
+}
+
 /// One batch handler per queue, of either kind.
 #[test]
 fn set_release_failures_refuses_a_second_handler() {

@@ -736,8 +736,11 @@ impl Queue {
     /// is released without a call (counted in [`QueueStats::released`] all the same), and `handler` gets the
     /// batches of failures only (a WR's own error, the flushes behind it). Every other release still goes to the
     /// release handler, successes included where the library releases them one by one; deferred actions and
-    /// operations keep their places in post order. Saves the gathering of wr_ids and the call per CQE when
-    /// nothing fails. Set at most once, as `set_release_batch`, and not together with it.
+    /// operations keep their places in post order. By the time a poll (not from one of the queue's own
+    /// callbacks) returns the completion of a WR the ULP signaled, that WR and every WR posted before it on the
+    /// queue are released. Saves the gathering of wr_ids
+    /// and the call per CQE when nothing fails. Set at most once, as `set_release_batch`, and not together with
+    /// it.
     pub fn set_release_failures(&self, handler: BatchHandler) -> Result<()> {
         self.set_batch_call(BatchCall::Closure(handler), false)
     }
