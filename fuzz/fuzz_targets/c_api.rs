@@ -6,13 +6,15 @@
 //! data and up to 256 WRs, receives, polls and arms with odd `max` values, drains, frees (that must succeed or
 //! must return -EBUSY), deferred actions, invalidations, MR tracking, async events of every type, NULL and
 //! malformed arguments, and calls made again from inside release callbacks; queues with a batch release
-//! callback (`sqd_queue_set_release_batch`, set at creation or later) and queues made with
+//! callback (`sqd_queue_set_release_batch`, or on the odd slots `sqd_queue_set_release_failures`, set at
+//! creation or later) and queues made with
 //! `SQD_QUEUE_NO_RESTORE` or `SQD_QUEUE_INDEXED`; on the software HCA also a managed SRQ that some QPs receive from (posted to,
 //! released, failed, freed in every order). Every call goes through the symbols declared by include/*.h.
 //!
 //! Checked after every call: the result is 0, a count, or a negative errno of the documented set, and a
 //! failure leaves a new, non-empty `sqd_last_error()`. Checked along the way: releases come once per accepted
-//! WR, in post order per queue, per WR or in non-empty batches alike; the statuses of a queue's sends are
+//! WR, in post order per queue, per WR or in non-empty batches alike (a failures-only queue's successes counted
+//! from its `released`, each as the next WR it owes, and never in a batch); the statuses of a queue's sends are
 //! successes, then at most one error, then flushes, and each agrees with the WR's completion when `sqd_cq_poll`
 //! or `sqd_cq_arm` returns one; `sqd_queue_set_release_batch` refuses a second call, a queue without `release`
 //! and calls from the queue's own callbacks; a deferred action runs once, when what it waits for is released;
@@ -320,8 +322,16 @@ struct Slot {
     reentry: Reentry,
     /// Made without a release callback: its releases cannot be seen, only counted by the queue.
     blind: bool,
-    /// `sqd_queue_set_release_batch` succeeded: common send releases may come in batches.
+    /// `sqd_queue_set_release_batch` (or `sqd_queue_set_release_failures`) succeeded: common send releases may
+    /// come in batches.
     batched: bool,
+    /// The batch callback was set with `sqd_queue_set_release_failures` (the odd slots): successes may be
+    /// released without a call, seen only in `released` (`catch_up`).
+    quiet: bool,
+    /// `sqd_invalidate` was called on the queue: its LocalInvs count in `sqd_queue_stats.released`, so its
+    /// quiet successes could not be counted from it; such a queue is not made quiet, and a quiet one takes no
+    /// invalidation.
+    ever_invalidated: bool,
     /// Made with `SQD_QUEUE_VERIFY_BUFFERS`: every release goes to `release`, none in a batch.
     verifies: bool,
     /// Made with `SQD_QUEUE_NO_RESTORE` (or `SQD_QUEUE_INDEXED`): of the WRs `sqd_post_send` accepted, only
@@ -506,6 +516,16 @@ unsafe extern "C" fn on_release(ctx: *mut c_void, c: *const sqd_completion) {
     let reentry = {
         let mut s = w.slots[slot].borrow_mut();
         let recv = c.flags & SQD_COMPLETION_RECV != 0;
+        if s.quiet && !recv {
+            // The successes released without a call before this WR.
+            let upto = if s.indexed {
+                c.wr_id
+            } else {
+                let at = s.sends.iter().position(|&id| id == c.wr_id);
+                s.released + at.unwrap_or_else(|| panic!("slot {slot}: released wr_id {:#x}, not outstanding", c.wr_id)) as u64
+            };
+            catch_up(&mut s, slot, upto);
+        }
         let wr_id = if s.indexed && !recv { wr_id_of_index(&s, slot, c.wr_id) } else { c.wr_id };
         let (kind, from, _) = split_id(wr_id);
         assert_eq!(from, slot, "slot {slot} released wr_id {wr_id:#x} of another queue");
@@ -551,6 +571,36 @@ fn release_send(s: &mut Slot, slot: usize, wr_id: u64, status: u32, refused: boo
     }
 }
 
+/// A quiet queue's successes released without a call before the send release of index `upto`: each is the
+/// queue's oldest outstanding WR, released as a success.
+fn catch_up(s: &mut Slot, slot: usize, upto: u64) {
+    assert!(s.quiet || upto == s.released, "slot {slot}: a send release of index {upto} after {} send releases", s.released);
+    while s.released < upto {
+        let id = *s.sends.front().unwrap_or_else(|| panic!("slot {slot}: released up to index {upto}, of {} accepted", s.ids.len()));
+        release_send(s, slot, id, IBV_WC_SUCCESS, false);
+    }
+}
+
+/// Outside the callbacks: a quiet queue's successes released without a call, counted from the queue's own
+/// `released` (a quiet queue has no LocalInv: `ever_invalidated`).
+fn sync_quiet(slot: usize) {
+    let w = world();
+    let (q, quiet) = {
+        let s = w.slots[slot].borrow();
+        (s.q, s.quiet)
+    };
+    // Inside a callback a pass of the queue may be under way: `released` may count releases still to come.
+    // (Teardown runs at depth 1 to stop re-entry, but from the top: no callback of it calls this.)
+    if q.is_null() || !quiet || (w.depth.get() != 0 && !w.in_teardown.get()) {
+        return;
+    }
+    let mut st = sqd_queue_stats::default();
+    // SAFETY: a live queue and a valid out struct.
+    expect("sqd_queue_stats", 0, || unsafe { sqd_queue_stats(q, &mut st) });
+    let mut s = w.slots[slot].borrow_mut();
+    catch_up(&mut s, slot, st.released);
+}
+
 unsafe extern "C" fn on_release_batch(ctx: *mut c_void, b: *const sqd_release_batch) {
     let slot = ctx as usize;
     // SAFETY: the library passes a batch valid for the duration of the call.
@@ -562,6 +612,8 @@ unsafe extern "C" fn on_release_batch(ctx: *mut c_void, b: *const sqd_release_ba
         let mut s = w.slots[slot].borrow_mut();
         assert!(s.batched, "slot {slot}: a release batch on a queue without a batch callback");
         assert!(!s.verifies, "slot {slot}: a release batch on a queue that verifies buffers");
+        assert!(!s.quiet || b.status != IBV_WC_SUCCESS, "slot {slot}: a batch of successes for a callback of failures only");
+        catch_up(&mut s, slot, b.first);
         assert_eq!(b.first, s.released, "slot {slot}: a release batch from index {} after {} send releases", b.first, s.released);
         let ids: Vec<u64> = if s.indexed {
             assert!(b.wr_ids.is_null(), "slot {slot}: an indexed queue's release batch with wr_ids");
@@ -606,6 +658,10 @@ fn set_release_batch_inside(slot: usize) {
     // SAFETY: `q` is live: the library is running one of its callbacks.
     expect("sqd_queue_set_release_batch from the queue's own callback", want, || unsafe {
         sqd_queue_set_release_batch(q, Some(on_release_batch), slot as *mut c_void)
+    });
+    // SAFETY: as above.
+    expect("sqd_queue_set_release_failures from the queue's own callback", want, || unsafe {
+        sqd_queue_set_release_failures(q, Some(on_release_batch), slot as *mut c_void)
     });
 }
 
@@ -669,6 +725,10 @@ unsafe extern "C" fn on_defer(ctx: *mut c_void) {
     let mut s = w.slots[d.slot].borrow_mut();
     if d.blind {
     } else if d.exact {
+        // The WRs before the barrier are all released now: a quiet queue's successes among them made no call.
+        if s.quiet {
+            catch_up(&mut s, d.slot, d.barrier);
+        }
         assert_eq!(s.released, d.barrier, "slot {}: a deferred action ran after {} releases, not {}", d.slot, s.released, d.barrier);
     } else {
         assert!(s.released <= d.barrier, "slot {}: a deferred action ran late", d.slot);
@@ -1231,6 +1291,11 @@ fn invalidate(slot: usize, rkey: u32, flags: u32, done: bool) {
     let w = world();
     let (q, seq) = {
         let mut s = w.slots[slot].borrow_mut();
+        if s.quiet {
+            // Its quiet successes are counted from `released`, which a LocalInv would count too.
+            return;
+        }
+        s.ever_invalidated |= !s.q.is_null();
         s.next_seq += 1;
         (s.q, s.next_seq - 1)
     };
@@ -1274,8 +1339,10 @@ fn queue_event(slot: usize, ev: u32) {
         w.truthful.set(false);
     }
     if [IBV_EVENT_QP_FATAL, IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR].contains(&ev) {
+        sync_quiet(slot);
         let mut s = w.slots[slot].borrow_mut();
-        // From inside a callback the releases may still be under way in the call that ran it.
+        // From inside a callback the releases may still be under way in the call that ran it (and a quiet
+        // queue's successes are counted only outside: `sync_quiet`).
         let outside = w.depth.get() == 0 || w.in_teardown.get();
         assert!(!outside || (s.sends.is_empty() && s.recvs.is_empty()), "slot {slot}: a fatal QP event left WRs unreleased");
         s.tainted = true;
@@ -1294,6 +1361,9 @@ fn cq_event(cq: usize, ev: u32) {
     assert_eq!(rc == 0, ev == IBV_EVENT_CQ_ERR, "sqd_cq_async_event({ev}) returned {rc}");
     if rc == 0 {
         w.truthful.set(false);
+        for i in 0..w.slots.len() {
+            sync_quiet(i);
+        }
         for (i, slot) in w.slots.iter().enumerate() {
             let mut s = slot.borrow_mut();
             if !s.q.is_null() && s.uses_cqs[cq] {
@@ -1306,6 +1376,7 @@ fn cq_event(cq: usize, ev: u32) {
 }
 
 fn stats(slot: usize) {
+    sync_quiet(slot);
     let w = world();
     let q = w.slots[slot].borrow().q;
     if q.is_null() {
@@ -1318,7 +1389,9 @@ fn stats(slot: usize) {
     // The queue's counters include its own LocalInvs (sqd_invalidate), which the caller did not post.
     assert!(st.accepted >= s.accepted, "slot {slot}: the queue counts {} accepted, the caller {}", st.accepted, s.accepted);
     assert!(st.released >= s.released, "slot {slot}: the queue counts {} released, the callback saw {}", st.released, s.released);
-    assert!(st.accepted - st.released >= s.sends.len() as u64, "slot {slot}: fewer WRs outstanding than the caller has");
+    // A quiet queue's successes released without a call are counted here only outside the callbacks.
+    let exact = !s.quiet || w.depth.get() == 0 || w.in_teardown.get();
+    assert!(!exact || st.accepted - st.released >= s.sends.len() as u64, "slot {slot}: fewer WRs outstanding than the caller has");
     assert_eq!(st.deferred as u64 >= s.defers, true, "slot {slot}: fewer deferred actions waiting than registered");
     if !s.blind {
         assert_eq!(u64::from(st.recv_outstanding), s.recvs.len() as u64, "slot {slot}: receives outstanding");
@@ -1326,6 +1399,7 @@ fn stats(slot: usize) {
 }
 
 fn free_queue(slot: usize) -> i32 {
+    sync_quiet(slot);
     let w = world();
     let (q, outstanding) = {
         let s = w.slots[slot].borrow();
@@ -1431,6 +1505,8 @@ fn new_queue(slot: usize, a: &AttrSpec) {
     s.reentry = a.reentry;
     s.blind = a.no_release;
     s.batched = false;
+    s.quiet = false;
+    s.ever_invalidated = false;
     s.verifies = attr.flags & SQD_QUEUE_VERIFY_BUFFERS != 0;
     s.indexed = attr.flags & SQD_QUEUE_INDEXED != 0;
     s.no_restore = attr.flags & (SQD_QUEUE_NO_RESTORE | SQD_QUEUE_INDEXED) != 0;
@@ -1450,17 +1526,24 @@ fn new_queue(slot: usize, a: &AttrSpec) {
 /// after that, `-EINVAL` on a queue without `release`; `-ENOMEM` is allowed where 0 is due.
 fn set_release_batch(slot: usize) {
     let w = world();
-    let (q, blind, batched) = {
+    let (q, blind, batched, quiet) = {
         let s = w.slots[slot].borrow();
-        (s.q, s.blind, s.batched)
+        // The odd slots take failures only, unless the queue has LocalInvs (`ever_invalidated`).
+        (s.q, s.blind, s.batched, slot % 2 == 1 && !s.ever_invalidated)
     };
     if q.is_null() {
         return;
     }
     // SAFETY: a live queue; `on_release_batch` may be called with this ctx (the slot) while the queue exists.
-    let rc = call("sqd_queue_set_release_batch", || unsafe {
-        sqd_queue_set_release_batch(q, Some(on_release_batch), slot as *mut c_void)
-    });
+    let rc = if quiet {
+        call("sqd_queue_set_release_failures", || unsafe {
+            sqd_queue_set_release_failures(q, Some(on_release_batch), slot as *mut c_void)
+        })
+    } else {
+        call("sqd_queue_set_release_batch", || unsafe {
+            sqd_queue_set_release_batch(q, Some(on_release_batch), slot as *mut c_void)
+        })
+    };
     let want = if blind {
         -libc::EINVAL
     } else if batched {
@@ -1468,9 +1551,11 @@ fn set_release_batch(slot: usize) {
     } else {
         0
     };
-    assert!(rc == want || (want == 0 && rc == -libc::ENOMEM), "sqd_queue_set_release_batch returned {rc}, expected {want} ({})", last_error());
+    assert!(rc == want || (want == 0 && rc == -libc::ENOMEM), "setting the batch callback returned {rc}, expected {want} ({})", last_error());
     if rc == 0 {
-        w.slots[slot].borrow_mut().batched = true;
+        let mut s = w.slots[slot].borrow_mut();
+        s.batched = true;
+        s.quiet = quiet;
     }
 }
 
@@ -1992,6 +2077,7 @@ fn teardown(thread_safe: [bool; 2]) {
                 }
             }
         }
+        sync_quiet(slot);
         {
             let s = w.slots[slot].borrow();
             assert!(s.sends.is_empty(), "slot {slot}: {} accepted WRs never released", s.sends.len());
