@@ -71,7 +71,7 @@ pub(crate) struct SrqShared {
     low_watermark: u32,
     low: Option<Box<dyn Fn(u32)>>,
     /// No release handler and no low watermark: a release would call nothing and count nothing, so none is
-    /// kept (`due` stays empty, with no room reserved) and `run_releases` returns at once.
+    /// kept (`due` stays empty, with no room reserved) and `on_cqe` only frees the receive's slot.
     silent: bool,
     pub(crate) queues: Cell<u32>,
     /// `release_all` gave back receives the device still holds: a QP attached later could consume them into
@@ -234,20 +234,17 @@ impl SrqShared {
         }
         let mut st = self.state.borrow_mut();
         // The common post, one well-formed receive with a free slot, without the chain's walks.
-        if first.next().is_none() {
-            let (num_sge, list_null) = first.num_sge();
-            if num_sge >= 0 && !(num_sge > 0 && list_null) {
-                let wr_id = first.wr_id();
-                if let Some(field) = st.slots.admit(wr_id) {
-                    st.low_armed = st.low_armed || st.slots.posted() >= self.low_watermark;
-                    first.set_wr_id(Token::new(SRQ_TOKEN_BASE + self.id, Direction::Recv, field).0);
-                    let r = self.handle.post_chain(first);
-                    first.set_wr_id(wr_id);
-                    return r.map_err(|f| {
-                        st.slots.rollback(field);
-                        RecvPostError { error: Error::new(f.errno, format!("the provider's post_srq_recv failed (errno {})", f.errno)), bad: first }
-                    });
-                }
+        if first.next().is_none() && first.sge_list_ok() {
+            let wr_id = first.wr_id();
+            if let Some(field) = st.slots.admit(wr_id) {
+                st.low_armed = st.low_armed || st.slots.posted() >= self.low_watermark;
+                first.set_wr_id(Token::new(SRQ_TOKEN_BASE + self.id, Direction::Recv, field).0);
+                let r = self.handle.post_chain(first);
+                first.set_wr_id(wr_id);
+                return r.map_err(|f| {
+                    st.slots.rollback(field);
+                    RecvPostError { error: Error::new(f.errno, format!("the provider's post_srq_recv failed (errno {})", f.errno)), bad: first }
+                });
             }
         }
         // The WRs carry tokens while the provider reads them; each token names the slot holding the ULP's
@@ -257,8 +254,8 @@ impl SrqShared {
         let mut last = None;
         let mut stop = None;
         while let Some(w) = cur {
-            let (num_sge, list_null) = w.num_sge();
-            if num_sge < 0 || (num_sge > 0 && list_null) {
+            if !w.sge_list_ok() {
+                let (num_sge, _) = w.num_sge();
                 stop = Some(RecvPostError { error: Error::invalid(format!("receive WR has num_sge {num_sge} and a NULL or bad sg_list")), bad: w });
                 break;
             }

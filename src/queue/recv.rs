@@ -27,19 +27,16 @@ impl QueueShared {
             });
         }
         // The common post, one well-formed receive with a credit, without the chain's walks.
-        if first.next().is_none() {
-            let (num_sge, list_null) = first.num_sge();
-            if num_sge >= 0 && !(num_sge > 0 && list_null) {
-                let wr_id = first.wr_id();
-                if let Some(seq) = recv.admit(wr_id) {
-                    first.set_wr_id(Token::new(self.recv_index, Direction::Recv, seq).0);
-                    let r = self.qp.post_recv_chain(first);
-                    first.set_wr_id(wr_id);
-                    return r.map_err(|f| {
-                        recv.rollback(1);
-                        RecvPostError { error: Error::new(f.errno, format!("the provider's post_recv failed (errno {})", f.errno)), bad: first }
-                    });
-                }
+        if first.next().is_none() && first.sge_list_ok() {
+            let wr_id = first.wr_id();
+            if let Some(seq) = recv.admit(wr_id) {
+                first.set_wr_id(Token::new(self.recv_index, Direction::Recv, seq).0);
+                let r = self.qp.post_recv_chain(first);
+                first.set_wr_id(wr_id);
+                return r.map_err(|f| {
+                    recv.rollback(1);
+                    RecvPostError { error: Error::new(f.errno, format!("the provider's post_recv failed (errno {})", f.errno)), bad: first }
+                });
             }
         }
         // The WRs carry tokens while the provider reads them; the ULP's wr_ids wait in the ring slots, so
@@ -50,8 +47,8 @@ impl QueueShared {
         let mut last: Option<RecvWrPtr<'a>> = None;
         let mut stop: Option<RecvPostError<'a>> = None;
         while let Some(w) = cur {
-            let (num_sge, list_null) = w.num_sge();
-            if num_sge < 0 || (num_sge > 0 && list_null) {
+            if !w.sge_list_ok() {
+                let (num_sge, _) = w.num_sge();
                 stop = Some(RecvPostError { error: Error::invalid(format!("receive WR has num_sge {num_sge} and a NULL or bad sg_list")), bad: w });
                 break;
             }

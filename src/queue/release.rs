@@ -131,10 +131,23 @@ impl QueueShared {
         let ring = &ledger.ring;
         let (tail, released) = (ring.tail(), ledger.released());
         let n = (ring.done() - tail).min(ledger.first_barrier().saturating_sub(released));
-        if n > 0 && ring.is_plain_from(tail) && !ledger.has_failed() {
-            ledger.set_released(tail + n, released + n);
+        if n > 0 {
+            self.release_if_successes(tail, released, n);
         }
         self.release_pass_done()
+    }
+
+    /// Releases the `n` complete slots from `tail` (`released` before them) without a call if they are all
+    /// successes of the ULP's WRs (the ring plain from `tail`, the queue not failed); whether it did. For a
+    /// batch handler of failures only.
+    #[inline(always)]
+    fn release_if_successes(&self, tail: u64, released: u64, n: u64) -> bool {
+        let ledger = &*self.ledger;
+        let successes = ledger.ring.is_plain_from(tail) && !ledger.has_failed();
+        if successes {
+            ledger.set_released(tail + n, released + n);
+        }
+        successes
     }
 
     /// `run_releases` for a queue without a batch handler: the per-WR pass, with or without the verifier.
@@ -498,12 +511,11 @@ impl QueueShared {
             // whether it was implied; a run that goes on past the ring's end goes on at its start. A run of
             // successes of the ULP's WRs only (the ring is plain from the tail, the queue has not failed) is one
             // batch whole.
-            let plain = ring.is_plain_from(tail) && !ledger.has_failed();
-            if QUIET && plain {
-                // A run of successes for a handler that wants failures only: released, nothing to call.
-                ledger.set_released(tail + n, released + n);
+            // A run of successes for a handler that wants failures only: released, nothing to call.
+            if QUIET && self.release_if_successes(tail, released, n) {
                 return;
             }
+            let plain = ring.is_plain_from(tail) && !ledger.has_failed();
             debug_assert!(
                 !plain || {
                     let (a, b) = ring.run_slots(tail, n);

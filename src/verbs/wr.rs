@@ -199,6 +199,12 @@ impl<'a> RecvWrPtr<'a> {
         // SAFETY: readable for 'a.
         unsafe { (ptr::addr_of!((*self.p.as_ptr()).num_sge).read(), ptr::addr_of!((*self.p.as_ptr()).sg_list).read().is_null()) }
     }
+    /// Whether `num_sge` is not negative and the SGE list is not NULL where it is read.
+    #[inline]
+    pub fn sge_list_ok(self) -> bool {
+        let (num_sge, list_null) = self.num_sge();
+        num_sge >= 0 && !(num_sge > 0 && list_null)
+    }
 }
 
 #[cfg(test)]
