@@ -25,6 +25,8 @@
  *                  fills every WR before each post anyway.
  *   sqdisc-indexed sqdisc-batch on a queue that names WRs by their index (SQD_QUEUE_INDEXED): no wr_ids kept
  *                  or handed back; the batch callback checks that each batch starts at the index it expects.
+ *   by-hand        the sqdisc poster's loop and release callback on benches/contract_by_hand.c: the default API's
+ *                  per-WR promises kept by hand in plain C, without sqdisc.
  *
  * Each run first posts a warm-up (-w WRs), then the measured part (-n WRs), then drains and frees everything.
  * Instructions per WR come from two callgrind runs of different -n, subtracted (the scripts do that). The
@@ -40,12 +42,14 @@
  *           with -L L the CQ's backlog pool is limited to L parked WRs (sqd_cq_set_backlog_limit) first.
  *
  * usage: sqd_bench MODE [-P sim|null] [-n wrs] [-w warmup] [-b batch] [-s sges] [-d depth] [-q queues]
- *                       [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]
+ *                       [-p poll_every] [-k backlog] [-L pool_limit] [-r reps] [-o 1]
+ * -o 1: the per-WR release callback also checks that each release is the next WR posted (a SEND, a success).
  * Output: one line of key=value pairs. Exits non-zero on any unexpected result. */
 
 #define _GNU_SOURCE
 #include <sqdisc_sim.h>
 
+#include "contract_by_hand.h"
 #include "null_provider.h"
 
 #include <dlfcn.h>
@@ -60,10 +64,10 @@
 #define MAX_SGES 16
 #define WC_MAX 32
 
-enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED, RAW_LEAN };
+enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED, RAW_LEAN, BY_HAND };
 static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc",      "scale",
                                          "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed",
-                                         "raw-lean"};
+                                         "raw-lean",   "by-hand"};
 
 /* The posters that run sqdisc_run. */
 static int is_sqdisc_poster(enum mode m)
@@ -80,6 +84,7 @@ struct bench {
     unsigned batch, sges, depth, queues, poll_every, backlog, reps;
     unsigned pool_limit; /* sqd_cq_set_backlog_limit, when nonzero */
     unsigned interval;
+    int check_order; /* -o 1: on_release_in_order for the posters with a per-WR callback */
 
     struct sqd_sim *sim;
     struct null_device *null;
@@ -88,6 +93,8 @@ struct bench {
     struct sqd_cq *scq;
     struct sqd_queue **q;
     struct ibv_mr *mr;
+    struct hand_cq *hcq; /* the by-hand poster's */
+    struct hand_queue *hq;
 
     /* The ULP's bookkeeping. raw-signal: completions counted; raw-moderated: the sequence after the newest
      * completed signaled WR; sqdisc: releases counted. */
@@ -140,6 +147,16 @@ static void on_release(void *ctx, const struct sqd_completion *c)
     struct bench *b = ctx;
     if (c->status != IBV_WC_SUCCESS)
         DIE("release of wr_id %" PRIu64 " with status %u", c->wr_id, c->status);
+    b->completed++;
+}
+
+/* on_release that also checks the order (-o): the posters' wr_ids are their sequence numbers. */
+static void on_release_in_order(void *ctx, const struct sqd_completion *c)
+{
+    struct bench *b = ctx;
+    if (c->status != IBV_WC_SUCCESS || c->wr_id != b->completed || c->opcode != IBV_WC_SEND)
+        DIE("release of wr_id %" PRIu64 " (expected %" PRIu64 ") with status %u, opcode %u", c->wr_id, b->completed,
+            c->status, c->opcode);
     b->completed++;
 }
 
@@ -234,6 +251,12 @@ static void setup(struct bench *b)
         }
         if (attr.cap.max_send_wr != b->depth)
             DIE("the sim granted max_send_wr %u, not %u", attr.cap.max_send_wr, b->depth);
+        if (b->mode == BY_HAND) {
+            if (!(b->hcq = hand_cq_new(b->cq)) ||
+                !(b->hq = hand_queue_new(b->hcq, b->qps[i], b->depth, b->sges, b->depth / 4 ? b->depth / 4 : 1,
+                                          b->check_order ? on_release_in_order : on_release, b)))
+                DIE("hand_queue_new");
+        }
         if (!managed)
             continue;
         struct sqd_queue_attr qa = {
@@ -242,7 +265,7 @@ static void setup(struct bench *b)
             .max_inline_data = attr.cap.max_inline_data,
             .signal_interval = 0,
             .backlog_depth = b->backlog,
-            .release = on_release,
+            .release = b->check_order ? on_release_in_order : on_release,
             .release_ctx = b,
             .flags = b->mode == SQDISC_LEAN ? SQD_QUEUE_NO_RESTORE : b->mode == SQDISC_INDEXED ? SQD_QUEUE_INDEXED : 0,
         };
@@ -289,6 +312,8 @@ static void setup(struct bench *b)
 
 static void teardown(struct bench *b)
 {
+    hand_queue_free(b->hq);
+    hand_cq_free(b->hcq);
     for (unsigned i = 0; i < b->queues; i++)
         if (b->q[i] && sqd_queue_free(b->q[i]))
             DIE("sqd_queue_free #%u", i);
@@ -475,6 +500,15 @@ static void raw_lean_drain(struct bench *b)
     }
 }
 
+/* With -o 1: the chain of `n` WRs just posted is as the loop built it (wr_ids, flags, links). */
+static void check_restored(const struct bench *b, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (b->wr[i].wr_id != b->posted + i || b->wr[i].send_flags != 0 || b->wr[i].next != (i + 1 < n ? &b->wr[i + 1] : NULL))
+            DIE("WR %u of the chain was not restored: wr_id %" PRIu64 ", send_flags %#x", i, b->wr[i].wr_id,
+                b->wr[i].send_flags);
+}
+
 /* ---- sqdisc -------------------------------------------------------------------------------------------- */
 
 static void sqdisc_poll(struct bench *b)
@@ -502,8 +536,45 @@ static void sqdisc_run(struct bench *b, uint64_t wrs)
         }
         if (sqd_post_send(b->q[0], b->wr, &bad))
             DIE("sqd_post_send");
+        if (b->check_order && b->mode != SQDISC_LEAN && b->mode != SQDISC_INDEXED)
+            check_restored(b, n);
         b->posted += n;
         sqdisc_poll(b);
+    }
+}
+
+/* ---- sqdisc's contract kept by hand --------------------------------------------------------------------- */
+
+/* sqdisc_poll and sqdisc_run on benches/contract_by_hand.c. */
+static void by_hand_poll(struct bench *b)
+{
+    int n = hand_cq_poll(b->hcq, WC_MAX, b->wc);
+    if (n < 0)
+        DIE("hand_cq_poll: %d", n);
+    for (int i = 0; i < n; i++)
+        if (b->wc[i].status != IBV_WC_SUCCESS)
+            DIE("completion status %d", b->wc[i].status);
+}
+
+static void by_hand_run(struct bench *b, uint64_t wrs)
+{
+    uint64_t end = b->posted + wrs;
+    struct ibv_send_wr *bad;
+    while (b->posted < end) {
+        unsigned n = end - b->posted < b->batch ? (unsigned)(end - b->posted) : b->batch;
+        while (b->depth - (b->posted - b->completed) < n)
+            by_hand_poll(b);
+        for (unsigned i = 0; i < n; i++) {
+            b->wr[i].wr_id = b->posted + i;
+            b->wr[i].send_flags = 0;
+            b->wr[i].next = i + 1 < n ? &b->wr[i + 1] : NULL;
+        }
+        if (hand_post_send(b->hq, b->wr, &bad))
+            DIE("hand_post_send");
+        if (b->check_order)
+            check_restored(b, n);
+        b->posted += n;
+        by_hand_poll(b);
     }
 }
 
@@ -551,6 +622,7 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     case RAW_SIGNAL: raw_signal_run(b, wrs); break;
     case RAW_MODERATED: raw_moderated_run(b, wrs); break;
     case RAW_LEAN: raw_lean_run(b, wrs); break;
+    case BY_HAND: by_hand_run(b, wrs); break;
     case SQDISC:
     case SQDISC_BATCH:
     case SQDISC_LEAN:
@@ -569,6 +641,13 @@ static void drain(struct bench *b)
         break;
     case RAW_MODERATED: raw_moderated_drain(b); break;
     case RAW_LEAN: raw_lean_drain(b); break;
+    case BY_HAND:
+        for (int i = 0; b->completed < b->posted; i++) {
+            if (i > 1000)
+                DIE("the by-hand poster did not release every WR");
+            by_hand_poll(b);
+        }
+        break;
     case SQDISC:
     case SQDISC_BATCH:
     case SQDISC_LEAN:
@@ -609,10 +688,10 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|raw-lean|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
-            "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps]");
+        DIE("usage: sqd_bench raw-signal|raw-moderated|raw-lean|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|by-hand|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+            "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps] [-o 1]");
     int found = 0;
-    for (int m = RAW_SIGNAL; m <= RAW_LEAN; m++)
+    for (int m = RAW_SIGNAL; m <= BY_HAND; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
             b.mode = (enum mode)m;
             found = 1;
@@ -653,6 +732,7 @@ int main(int argc, char **argv)
         case 'k': b.backlog = (unsigned)v; break;
         case 'L': b.pool_limit = (unsigned)v; break;
         case 'r': b.reps = (unsigned)v; break;
+        case 'o': b.check_order = v != 0; break;
         default: DIE("unknown option %s", argv[i]);
         }
         i++;
@@ -666,8 +746,8 @@ int main(int argc, char **argv)
         DIE("-q is for the scale mode");
     if (b.mode == SCALE && b.poll_every > b.depth)
         DIE("-p must be at most the depth");
-    if (b.mode == RAW_LEAN && (b.depth & (b.depth - 1)))
-        DIE("raw-lean needs a depth that is a power of two");
+    if ((b.mode == RAW_LEAN || b.mode == BY_HAND) && (b.depth & (b.depth - 1)))
+        DIE("%s needs a depth that is a power of two", mode_names[b.mode]);
     alloc_counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
 
     setup(&b);
@@ -681,9 +761,12 @@ int main(int argc, char **argv)
     struct sqd_queue_stats q0, q1;
     memset(&q0, 0, sizeof q0);
     memset(&q1, 0, sizeof q1);
+    struct hand_stats h0 = {0, 0, 0, 0}, h1 = {0, 0, 0, 0};
     s0 = provider_stats(&b);
     if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q0);
+    if (b.mode == BY_HAND)
+        hand_queue_stats(b.hq, &h0);
     uint64_t cqes0 = scale_cqes;
     struct allocs a0 = allocs_now();
     double t0 = now_ns();
@@ -693,6 +776,8 @@ int main(int argc, char **argv)
     s1 = provider_stats(&b);
     if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q1);
+    if (b.mode == BY_HAND)
+        hand_queue_stats(b.hq, &h1);
     uint64_t polled = scale_cqes - cqes0;
 
     /* Timed repetitions (after the counted part, so they change no counter above). */
@@ -719,6 +804,13 @@ int main(int argc, char **argv)
         if (q.released != q.accepted || q.released != b.posted)
             DIE("released %" PRIu64 " of %" PRIu64 " accepted", q.released, q.accepted);
     }
+    if (b.mode == BY_HAND) {
+        struct hand_stats f;
+        hand_queue_stats(b.hq, &f);
+        if (f.released != f.accepted || f.released != b.posted || b.completed != b.posted)
+            DIE("the by-hand poster released %" PRIu64 " of %" PRIu64 " accepted (%" PRIu64 " posted)", f.released, f.accepted,
+                b.posted);
+    }
 
     double n = b.wrs ? (double)b.wrs : 1.0;
     printf("mode=%s provider=%s batch=%u sges=%u depth=%u queues=%u wrs=%" PRIu64 " warmup=%" PRIu64, mode_names[b.mode],
@@ -732,6 +824,8 @@ int main(int argc, char **argv)
                " q_signaled_by_policy=%" PRIu64,
                q1.send_cqes - q0.send_cqes, q1.doorbells - q0.doorbells, q1.markers - q0.markers,
                q1.parked - q0.parked, q1.signaled_by_policy - q0.signaled_by_policy);
+    if (b.mode == BY_HAND)
+        printf(" q_send_cqes=%" PRIu64 " q_doorbells=%" PRIu64 " q_parked=0", h1.cqes - h0.cqes, h1.doorbells - h0.doorbells);
     if (b.mode == SCALE)
         printf(" polled=%" PRIu64, polled);
     if (alloc_counts)

@@ -27,7 +27,7 @@ bench_init() {
     read -r -a libs <<< "$(bench_pc --libs sqdisc sqdisc_sim)"
     mkdir -p "$bin"
     local cc=${CC:-cc} strict=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
-    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" "$root/benches/null_provider.c" \
+    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/sqd_bench.c" "$root/benches/null_provider.c" "$root/benches/contract_by_hand.c" \
         -o "$bin/sqd_bench" "${libs[@]}" -Wl,-rpath,"$lib"
     "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/null_provider_check.c" "$root/benches/null_provider.c" \
         -o "$bin/null_provider_check"
