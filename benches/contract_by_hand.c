@@ -35,8 +35,10 @@ struct hand_queue {
     /* Per opcode: max_send_sge + 1 if a plain opcode (else 0), and above it the slot's meta. */
     uint64_t quiet[16];
     uint64_t last_cycle; /* the CQ's poll cycle of the last post */
+    uint64_t markers;    /* internal slots posted and not released */
     int watched;
     void (*release)(void *, const struct sqd_completion *);
+    void (*batch)(void *, const struct sqd_release_batch *); /* an indexed queue's */
     void *ctx;
     struct hand_stats stats;
 };
@@ -95,7 +97,7 @@ void hand_cq_free(struct hand_cq *c)
 struct hand_queue *hand_queue_new(struct hand_cq *c, struct ibv_qp *qp, uint32_t sq_depth, uint32_t max_send_sge,
                                     uint32_t interval, void (*release)(void *, const struct sqd_completion *), void *ctx)
 {
-    if (!c || !qp || !sq_depth || (sq_depth & (sq_depth - 1)) || !interval || !release)
+    if (!c || !qp || !sq_depth || (sq_depth & (sq_depth - 1)) || !interval)
         return NULL;
     struct hand_queue *q = calloc(1, sizeof *q);
     struct hand_queue **table = realloc(c->table, (c->size + 1) * sizeof *table);
@@ -121,6 +123,18 @@ struct hand_queue *hand_queue_new(struct hand_cq *c, struct ibv_qp *qp, uint32_t
     q->release = release;
     q->ctx = ctx;
     c->table[c->size++] = q;
+    return q;
+}
+
+struct hand_queue *hand_queue_new_indexed(struct hand_cq *c, struct ibv_qp *qp, uint32_t sq_depth,
+                                          uint32_t max_send_sge, uint32_t interval,
+                                          void (*batch)(void *, const struct sqd_release_batch *), void *ctx)
+{
+    if (!batch)
+        return NULL;
+    struct hand_queue *q = hand_queue_new(c, qp, sq_depth, max_send_sge, interval, NULL, ctx);
+    if (q)
+        q->batch = batch;
     return q;
 }
 
@@ -211,7 +225,9 @@ __attribute__((cold, noinline)) static int post_stopped(struct hand_queue *q, st
 _Static_assert(offsetof(struct ibv_send_wr, send_flags) == offsetof(struct ibv_send_wr, opcode) + 4,
                "send_flags follows opcode");
 
-int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+/* The post of both kinds of queue: `keep` (a constant) for one that keeps and restores the ULP's wr_ids. */
+__attribute__((always_inline)) static inline int post_send(struct hand_queue *q, struct ibv_send_wr *wr,
+                                                           struct ibv_send_wr **bad, const int keep)
 {
     if (!q || !bad)
         return -EINVAL;
@@ -250,7 +266,8 @@ int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send
                 q->run = (uint32_t)(token + interval - 1 - interval_end);
                 return post_stopped(q, wr, last, token - first, w, token == end, bad);
             }
-            sl->wr_id = w->wr_id;
+            if (keep)
+                sl->wr_id = w->wr_id;
             if (flags & IBV_SEND_SIGNALED) {
                 sl->meta = (uint32_t)(entry >> 32) | ULP_SIGNALED;
             } else {
@@ -265,7 +282,8 @@ int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send
                 q->run = (uint32_t)(token + interval - 1 - interval_end);
                 return post_stopped(q, wr, last, token - first, w, 0, bad);
             }
-            sl->wr_id = w->wr_id;
+            if (keep)
+                sl->wr_id = w->wr_id;
             sl->meta = (uint32_t)(entry >> 32);
         }
         w->wr_id = token++;
@@ -284,7 +302,8 @@ int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send
         q->run = run;
         return refused(q, wr, n, pbad, rc, bad);
     }
-    restore(ring, ring_end, ring + (head & q->mask), wr, n, added, nadded);
+    if (keep)
+        restore(ring, ring_end, ring + (head & q->mask), wr, n, added, nadded);
     q->head = head + n;
     q->run = run;
     q->stats.accepted += n;
@@ -302,11 +321,90 @@ int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send
     return 0;
 }
 
+int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return post_send(q, wr, bad, 1);
+}
+
+int hand_post_send_indexed(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return post_send(q, wr, bad, 0);
+}
+
+/* Hands the `count` WRs from the release point to an indexed queue's batch callback, with `status`. */
+static void release_run(struct hand_queue *q, uint64_t count, uint32_t status)
+{
+    const struct sqd_release_batch b = {
+        .wr_ids = NULL, .count = (uint32_t)count, .status = status, .first = q->stats.released};
+    q->tail += count;
+    q->stats.released += count;
+    q->batch(q->ctx, &b);
+}
+
+/* `release_indexed` with markers in the ring: each run of WRs between them in a batch of its own. */
+__attribute__((cold, noinline)) static void release_around_markers(struct hand_queue *q, uint64_t upto,
+                                                                    uint32_t status)
+{
+    while (q->tail <= upto) {
+        uint64_t k = 0;
+        while (q->tail + k <= upto && !(q->ring[(q->tail + k) & q->mask].meta & INTERNAL))
+            k++;
+        if (k && q->tail + k == upto + 1 && status != IBV_WC_SUCCESS) {
+            if (k > 1)
+                release_run(q, k - 1, IBV_WC_SUCCESS);
+            release_run(q, 1, status);
+        } else if (k) {
+            release_run(q, k, IBV_WC_SUCCESS);
+        }
+        if (q->tail <= upto) {
+            q->markers--;
+            q->tail++;
+        }
+    }
+}
+
+/* An indexed queue's releases up to `upto` (a CQE's sequence number, `status` its status): one batch call for
+ * the run, its first index the count of WRs released before it; the WR of an error CQE in a batch of its own. */
+static inline void release_indexed(struct hand_queue *q, uint64_t upto, uint32_t status)
+{
+    if (q->markers) {
+        release_around_markers(q, upto, status);
+        return;
+    }
+    uint64_t n = upto + 1 - q->tail;
+    if (status != IBV_WC_SUCCESS && n > 1) {
+        release_run(q, n - 1, IBV_WC_SUCCESS);
+        n = 1;
+    }
+    release_run(q, n, status);
+}
+
+/* Releases without a callback the WRs of `q` up to `upto`: for a queue with none (failures only). A run of
+ * successes with no marker in the ring only moves the release point. */
+static void release_silently(struct hand_queue *q, uint64_t upto)
+{
+    if (!q->markers) {
+        q->stats.released += upto + 1 - q->tail;
+        q->tail = upto + 1;
+        return;
+    }
+    for (; q->tail <= upto; q->tail++) {
+        if (q->ring[q->tail & q->mask].meta & INTERNAL)
+            q->markers--;
+        else
+            q->stats.released++;
+    }
+}
+
 /* Releases the WRs of `q` up to `upto` (a CQE's sequence number, `status` its status), in order, one callback
  * each; the release point moves before each callback, so that a callback may post into the slot just freed. */
 static inline void release_upto(struct hand_queue *q, uint64_t upto, uint32_t status)
 {
     void (*const release)(void *, const struct sqd_completion *) = q->release;
+    if (!release) {
+        release_silently(q, upto);
+        return;
+    }
     void *const ctx = q->ctx;
     const struct slot *const ring = q->ring;
     const uint64_t mask = q->mask;
@@ -317,8 +415,10 @@ static inline void release_upto(struct hand_queue *q, uint64_t upto, uint32_t st
     while (tail < upto) {
         const struct slot sl = ring[tail & mask];
         q->tail = ++tail;
-        if (sl.meta & INTERNAL)
+        if (sl.meta & INTERNAL) {
+            q->markers--;
             continue;
+        }
         q->stats.released++;
         c.wr_id = sl.wr_id;
         c.opcode = sl.meta & 0xff;
@@ -326,14 +426,25 @@ static inline void release_upto(struct hand_queue *q, uint64_t upto, uint32_t st
     }
     const struct slot sl = ring[tail & mask];
     q->tail = tail + 1;
-    if (!(sl.meta & INTERNAL)) {
-        q->stats.released++;
-        c.wr_id = sl.wr_id;
-        c.opcode = sl.meta & 0xff;
-        c.status = status;
-        c.flags = 0;
-        release(ctx, &c);
+    if (sl.meta & INTERNAL) {
+        q->markers--;
+        return;
     }
+    q->stats.released++;
+    c.wr_id = sl.wr_id;
+    c.opcode = sl.meta & 0xff;
+    c.status = status;
+    c.flags = 0;
+    release(ctx, &c);
+}
+
+/* An indexed queue's WR at `seq`, not yet released: its index (the WRs before it, markers not counted). */
+static uint64_t wr_index(const struct hand_queue *q, uint64_t seq)
+{
+    uint64_t index = q->stats.released + (seq - q->tail);
+    for (uint64_t s = q->tail; q->markers && s < seq; s++)
+        index -= (q->ring[s & q->mask].meta & INTERNAL) != 0;
+    return index;
 }
 
 /* A queue's unsignaled tail, idle for a poll cycle, is covered by a signaled zero-length RDMA WRITE. */
@@ -357,6 +468,7 @@ __attribute__((cold, noinline)) static void cover_idle_tails(struct hand_cq *c)
             q->stats.doorbells++;
             q->head++;
             q->run = 0;
+            q->markers++;
         } else if (q->run) {
             i++;
             continue;
@@ -400,11 +512,14 @@ int hand_cq_poll(struct hand_cq *c, int num_entries, struct ibv_wc *wc)
         if ((sl->meta & ULP_SIGNALED) || wc[i].status != IBV_WC_SUCCESS) {
             if (!(sl->meta & INTERNAL)) {
                 wc[kept] = wc[i];
-                wc[kept].wr_id = sl->wr_id;
+                wc[kept].wr_id = q->batch ? wr_index(q, seq) : sl->wr_id;
                 kept++;
             }
         }
-        release_upto(q, seq, wc[i].status);
+        if (q->batch)
+            release_indexed(q, seq, wc[i].status);
+        else
+            release_upto(q, seq, wc[i].status);
     }
     if (c->nwatch != c->posted_watched)
         cover_idle_tails(c);

@@ -40,12 +40,20 @@ struct hand_cq *hand_cq_new(struct ibv_cq *cq);
 void hand_cq_free(struct hand_cq *cq);
 
 /* A queue on `cq` for `qp`, of `sq_depth` (a power of two) slots, signal interval `interval`, with the release
- * callback `release` (sqdisc's signature). */
+ * callback `release` (sqdisc's signature), or none (NULL: as a ULP that learns of failures from the error CQEs
+ * the poll returns, and needs no call for a success, as libsqdisc_spdk uses sqdisc). */
 struct hand_queue *hand_queue_new(struct hand_cq *cq, struct ibv_qp *qp, uint32_t sq_depth, uint32_t max_send_sge,
                                     uint32_t interval, void (*release)(void *, const struct sqd_completion *), void *ctx);
+/* A queue that names its WRs by index (as SQD_QUEUE_INDEXED): no wr_id kept or restored, the releases of each
+ * CQE handed to `batch` (sqdisc's signature, wr_ids NULL), as with sqd_queue_set_release_batch. Post to it with
+ * hand_post_send_indexed. */
+struct hand_queue *hand_queue_new_indexed(struct hand_cq *cq, struct ibv_qp *qp, uint32_t sq_depth,
+                                          uint32_t max_send_sge, uint32_t interval,
+                                          void (*batch)(void *, const struct sqd_release_batch *), void *ctx);
 void hand_queue_free(struct hand_queue *q);
 
 int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int hand_post_send_indexed(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int hand_cq_poll(struct hand_cq *cq, int num_entries, struct ibv_wc *wc);
 
 struct hand_stats {

@@ -10,6 +10,9 @@
  *
  *   verbs    the provider functions of this file: SPDK's verbs provider's behaviour, written here
  *   sqdisc   libsqdisc_spdk (the CQ polled through its interposed poll_cq)
+ *   by-hand  the verbs provider's list, its flush and SPDK's poll going through benches/contract_by_hand.c with
+ *            no release callback: sqdisc's promises kept by hand, in C, in SPDK's own code, as SPDK would
+ *            keep them without a library (target loop only)
  *
  * With -m host, the loop is the NVMe-RDMA host's instead: per request, one receive for the response queued with
  * queue_recv_wrs and one signaled capsule SEND with queue_send_wrs, max_send_wr = max_recv_wr = qd, both lists
@@ -22,13 +25,14 @@
  * qd capsules arrive at the start (null_qp_deliver) and each response SEND brings the next (echo), so that qd
  * requests are in flight. Five WRs and two completions per request.
  *
- * usage: spdk_bench verbs|sqdisc [-m target|host|srq] [-n requests] [-b batch] [-q qd]
+ * usage: spdk_bench verbs|sqdisc|by-hand [-m target|host|srq] [-n requests] [-b batch] [-q qd]
  * Output: one line of key=value pairs (wrs, cqes, doorbells, provider). Instructions per WR come from two
  * callgrind runs, -n N and -n 0, subtracted (scripts/bench.sh). */
 
 #define _GNU_SOURCE
 #include <sqdisc_spdk.h>
 
+#include "contract_by_hand.h"
 #include "null_provider.h"
 #include "spdk_null_standin.h"
 
@@ -79,6 +83,17 @@ static int verbs_flush(struct verbs_qp *v, struct ibv_send_wr **bad)
     if (!v->first)
         return 0;
     int rc = ibv_post_send(v->qp, v->first, bad);
+    v->first = NULL;
+    v->doorbells++;
+    return rc;
+}
+
+/* verbs_flush through the queue that keeps sqdisc's promises by hand. */
+static int by_hand_flush(struct verbs_qp *v, struct hand_queue *q, struct ibv_send_wr **bad)
+{
+    if (!v->first)
+        return 0;
+    int rc = hand_post_send(q, v->first, bad);
     v->first = NULL;
     v->doorbells++;
     return rc;
@@ -423,9 +438,9 @@ static int srq_loop(int use_sqdisc, uint64_t n, unsigned batch, unsigned qd)
 int main(int argc, char **argv)
 {
     if (argc < 2)
-        DIE("usage: spdk_bench verbs|sqdisc [-m target|host|srq] [-n requests] [-b batch] [-q qd]");
-    int use_sqdisc = strcmp(argv[1], "sqdisc") == 0;
-    if (!use_sqdisc && strcmp(argv[1], "verbs") != 0)
+        DIE("usage: spdk_bench verbs|sqdisc|by-hand [-m target|host|srq] [-n requests] [-b batch] [-q qd]");
+    int use_sqdisc = strcmp(argv[1], "sqdisc") == 0, by_hand = strcmp(argv[1], "by-hand") == 0;
+    if (!use_sqdisc && !by_hand && strcmp(argv[1], "verbs") != 0)
         DIE("unknown provider %s", argv[1]);
     uint64_t n = 20000;
     unsigned batch = 8, qd = 64;
@@ -446,6 +461,8 @@ int main(int argc, char **argv)
         else
             DIE("unknown option %s", argv[i]);
     }
+    if (by_hand && (host || with_srq))
+        DIE("by-hand runs the target's loop only");
     if (host) {
         if (batch < 1 || qd < 2 || qd > MAX_QD || batch > qd)
             DIE("need 1 <= batch <= qd <= %d", MAX_QD);
@@ -486,6 +503,10 @@ int main(int argc, char **argv)
         if (!vq.qp)
             DIE("create_qp");
     }
+    struct hand_cq *hcq = NULL;
+    struct hand_queue *hq = NULL;
+    if (by_hand && (!(hcq = hand_cq_new(cq)) || !(hq = hand_queue_new(hcq, vq.qp, max_send, 1, max_send / 4, NULL, NULL))))
+        DIE("hand_queue_new");
 
     struct request *req = calloc(slots, sizeof *req);
     unsigned *free_slots = calloc(slots, sizeof *free_slots);
@@ -510,10 +531,12 @@ int main(int argc, char **argv)
             started++;
         }
         struct ibv_send_wr *bad = NULL;
-        int rc = use_sqdisc ? spdk_rdma_provider_qp_flush_send_wrs(sq, &bad) : verbs_flush(&vq, &bad);
+        int rc = use_sqdisc ? spdk_rdma_provider_qp_flush_send_wrs(sq, &bad)
+                 : by_hand  ? by_hand_flush(&vq, hq, &bad)
+                            : verbs_flush(&vq, &bad);
         if (rc)
             DIE("flush: %d", rc);
-        int got = ibv_poll_cq(cq, 32, wc);
+        int got = by_hand ? hand_cq_poll(hcq, 32, wc) : ibv_poll_cq(cq, 32, wc);
         if (got < 0)
             DIE("poll");
         for (int i = 0; i < got; i++) {
@@ -528,7 +551,15 @@ int main(int argc, char **argv)
     struct null_stats st;
     null_device_stats(bench.dev, &st);
     printf("provider=%s requests=%" PRIu64 " wrs=%" PRIu64 " cqes=%" PRIu64 " doorbells=%" PRIu64 " allocs=%llu\n",
-           use_sqdisc ? "sqdisc" : "verbs", n, n * PER, st.cqes, st.doorbells, allocs_so_far());
+           argv[1], n, n * PER, st.cqes, st.doorbells, allocs_so_far());
+    if (by_hand) {
+        struct hand_stats hs;
+        hand_queue_stats(hq, &hs);
+        if (hs.accepted != n * PER || hs.released != hs.accepted)
+            DIE("by-hand: %" PRIu64 " WRs accepted, %" PRIu64 " released", hs.accepted, hs.released);
+        hand_queue_free(hq);
+        hand_cq_free(hcq);
+    }
     if (use_sqdisc)
         spdk_rdma_provider_qp_destroy(sq);
     else if (null_destroy_qp(vq.qp))

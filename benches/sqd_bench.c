@@ -27,6 +27,7 @@
  *                  or handed back; the batch callback checks that each batch starts at the index it expects.
  *   by-hand        the sqdisc poster's loop and release callback on benches/contract_by_hand.c: the default API's
  *                  per-WR promises kept by hand in plain C, without sqdisc.
+ *   by-hand-indexed the same for sqdisc-indexed: WRs named by index, a batch callback per run of releases.
  *
  * Each run first posts a warm-up (-w WRs), then the measured part (-n WRs), then drains and frees everything.
  * Instructions per WR come from two callgrind runs of different -n, subtracted (the scripts do that). The
@@ -64,10 +65,10 @@
 #define MAX_SGES 16
 #define WC_MAX 32
 
-enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED, RAW_LEAN, BY_HAND };
+enum mode { RAW_SIGNAL, RAW_MODERATED, SQDISC, SCALE, MEMORY, SQDISC_BATCH, SQDISC_LEAN, SQDISC_INDEXED, RAW_LEAN, BY_HAND, BY_HAND_INDEXED };
 static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc",      "scale",
                                          "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed",
-                                         "raw-lean",   "by-hand"};
+                                         "raw-lean",   "by-hand",       "by-hand-indexed"};
 
 /* The posters that run sqdisc_run. */
 static int is_sqdisc_poster(enum mode m)
@@ -251,10 +252,16 @@ static void setup(struct bench *b)
         }
         if (attr.cap.max_send_wr != b->depth)
             DIE("the sim granted max_send_wr %u, not %u", attr.cap.max_send_wr, b->depth);
-        if (b->mode == BY_HAND) {
-            if (!(b->hcq = hand_cq_new(b->cq)) ||
-                !(b->hq = hand_queue_new(b->hcq, b->qps[i], b->depth, b->sges, b->depth / 4 ? b->depth / 4 : 1,
-                                          b->check_order ? on_release_in_order : on_release, b)))
+        if (b->mode == BY_HAND || b->mode == BY_HAND_INDEXED) {
+            unsigned interval = b->depth / 4 ? b->depth / 4 : 1;
+            if (!(b->hcq = hand_cq_new(b->cq)))
+                DIE("hand_cq_new");
+            b->hq = b->mode == BY_HAND
+                        ? hand_queue_new(b->hcq, b->qps[i], b->depth, b->sges, interval,
+                                         b->check_order ? on_release_in_order : on_release, b)
+                        : hand_queue_new_indexed(b->hcq, b->qps[i], b->depth, b->sges, interval,
+                                                 on_release_batch_indexed, b);
+            if (!b->hq)
                 DIE("hand_queue_new");
         }
         if (!managed)
@@ -521,7 +528,9 @@ static void sqdisc_poll(struct bench *b)
             DIE("completion status %d", b->wc[i].status);
 }
 
-static void sqdisc_run(struct bench *b, uint64_t wrs)
+/* `check` (a constant: -o 1 on a poster that restores) checks the chain after each post; the measured runs have
+ * none of it. */
+__attribute__((always_inline)) static inline void sqdisc_run(struct bench *b, uint64_t wrs, const int check)
 {
     uint64_t end = b->posted + wrs;
     struct ibv_send_wr *bad;
@@ -536,7 +545,7 @@ static void sqdisc_run(struct bench *b, uint64_t wrs)
         }
         if (sqd_post_send(b->q[0], b->wr, &bad))
             DIE("sqd_post_send");
-        if (b->check_order && b->mode != SQDISC_LEAN && b->mode != SQDISC_INDEXED)
+        if (check)
             check_restored(b, n);
         b->posted += n;
         sqdisc_poll(b);
@@ -556,7 +565,9 @@ static void by_hand_poll(struct bench *b)
             DIE("completion status %d", b->wc[i].status);
 }
 
-static void by_hand_run(struct bench *b, uint64_t wrs)
+/* `indexed` and `check` are constants, as in sqdisc_run. */
+__attribute__((always_inline)) static inline void by_hand_run(struct bench *b, uint64_t wrs, const int indexed,
+                                                              const int check)
 {
     uint64_t end = b->posted + wrs;
     struct ibv_send_wr *bad;
@@ -569,9 +580,9 @@ static void by_hand_run(struct bench *b, uint64_t wrs)
             b->wr[i].send_flags = 0;
             b->wr[i].next = i + 1 < n ? &b->wr[i + 1] : NULL;
         }
-        if (hand_post_send(b->hq, b->wr, &bad))
+        if (indexed ? hand_post_send_indexed(b->hq, b->wr, &bad) : hand_post_send(b->hq, b->wr, &bad))
             DIE("hand_post_send");
-        if (b->check_order)
+        if (check)
             check_restored(b, n);
         b->posted += n;
         by_hand_poll(b);
@@ -622,11 +633,22 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     case RAW_SIGNAL: raw_signal_run(b, wrs); break;
     case RAW_MODERATED: raw_moderated_run(b, wrs); break;
     case RAW_LEAN: raw_lean_run(b, wrs); break;
-    case BY_HAND: by_hand_run(b, wrs); break;
+    case BY_HAND:
+        if (b->check_order)
+            by_hand_run(b, wrs, 0, 1);
+        else
+            by_hand_run(b, wrs, 0, 0);
+        break;
+    case BY_HAND_INDEXED: by_hand_run(b, wrs, 1, 0); break;
     case SQDISC:
     case SQDISC_BATCH:
+        if (b->check_order)
+            sqdisc_run(b, wrs, 1);
+        else
+            sqdisc_run(b, wrs, 0);
+        break;
     case SQDISC_LEAN:
-    case SQDISC_INDEXED: sqdisc_run(b, wrs); break;
+    case SQDISC_INDEXED: sqdisc_run(b, wrs, 0); break;
     case SCALE: scale_run(b, wrs); break;
     case MEMORY: break;
     }
@@ -642,6 +664,7 @@ static void drain(struct bench *b)
     case RAW_MODERATED: raw_moderated_drain(b); break;
     case RAW_LEAN: raw_lean_drain(b); break;
     case BY_HAND:
+    case BY_HAND_INDEXED:
         for (int i = 0; b->completed < b->posted; i++) {
             if (i > 1000)
                 DIE("the by-hand poster did not release every WR");
@@ -688,10 +711,10 @@ int main(int argc, char **argv)
 {
     static struct bench b;
     if (argc < 2)
-        DIE("usage: sqd_bench raw-signal|raw-moderated|raw-lean|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|by-hand|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
+        DIE("usage: sqd_bench raw-signal|raw-moderated|raw-lean|sqdisc|sqdisc-batch|sqdisc-lean|sqdisc-indexed|by-hand|by-hand-indexed|scale|memory [-P sim|null] [-n wrs] [-w warmup] "
             "[-b batch] [-s sges] [-d depth] [-q queues] [-p poll_every] [-k backlog] [-L pool_limit] [-r reps] [-o 1]");
     int found = 0;
-    for (int m = RAW_SIGNAL; m <= BY_HAND; m++)
+    for (int m = RAW_SIGNAL; m <= BY_HAND_INDEXED; m++)
         if (strcmp(argv[1], mode_names[m]) == 0) {
             b.mode = (enum mode)m;
             found = 1;
@@ -746,7 +769,7 @@ int main(int argc, char **argv)
         DIE("-q is for the scale mode");
     if (b.mode == SCALE && b.poll_every > b.depth)
         DIE("-p must be at most the depth");
-    if ((b.mode == RAW_LEAN || b.mode == BY_HAND) && (b.depth & (b.depth - 1)))
+    if ((b.mode == RAW_LEAN || b.mode == BY_HAND || b.mode == BY_HAND_INDEXED) && (b.depth & (b.depth - 1)))
         DIE("%s needs a depth that is a power of two", mode_names[b.mode]);
     alloc_counts = (alloc_counts_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "bench_alloc_counts");
 
@@ -765,7 +788,7 @@ int main(int argc, char **argv)
     s0 = provider_stats(&b);
     if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q0);
-    if (b.mode == BY_HAND)
+    if (b.mode == BY_HAND || b.mode == BY_HAND_INDEXED)
         hand_queue_stats(b.hq, &h0);
     uint64_t cqes0 = scale_cqes;
     struct allocs a0 = allocs_now();
@@ -776,7 +799,7 @@ int main(int argc, char **argv)
     s1 = provider_stats(&b);
     if (is_sqdisc_poster(b.mode))
         sqd_queue_stats(b.q[0], &q1);
-    if (b.mode == BY_HAND)
+    if (b.mode == BY_HAND || b.mode == BY_HAND_INDEXED)
         hand_queue_stats(b.hq, &h1);
     uint64_t polled = scale_cqes - cqes0;
 
@@ -804,7 +827,7 @@ int main(int argc, char **argv)
         if (q.released != q.accepted || q.released != b.posted)
             DIE("released %" PRIu64 " of %" PRIu64 " accepted", q.released, q.accepted);
     }
-    if (b.mode == BY_HAND) {
+    if (b.mode == BY_HAND || b.mode == BY_HAND_INDEXED) {
         struct hand_stats f;
         hand_queue_stats(b.hq, &f);
         if (f.released != f.accepted || f.released != b.posted || b.completed != b.posted)
@@ -824,7 +847,7 @@ int main(int argc, char **argv)
                " q_signaled_by_policy=%" PRIu64,
                q1.send_cqes - q0.send_cqes, q1.doorbells - q0.doorbells, q1.markers - q0.markers,
                q1.parked - q0.parked, q1.signaled_by_policy - q0.signaled_by_policy);
-    if (b.mode == BY_HAND)
+    if (b.mode == BY_HAND || b.mode == BY_HAND_INDEXED)
         printf(" q_send_cqes=%" PRIu64 " q_doorbells=%" PRIu64 " q_parked=0", h1.cqes - h0.cqes, h1.doorbells - h0.doorbells);
     if (b.mode == SCALE)
         printf(" polled=%" PRIu64, polled);

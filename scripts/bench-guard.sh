@@ -16,7 +16,7 @@
 #      options (batched releases; those and SQD_QUEUE_NO_RESTORE; batched releases and SQD_QUEUE_INDEXED), each
 #      of which must also cost less than the poster without its option; the lean one must cost fewer
 #      instructions than the signal-every-WR raw verbs poster at batch 32, and the indexed one at batch 8 and 32.
-#      The sqdisc poster and the by-hand reference (benches/contract_by_hand.c) release each WR once, in post
+#      The sqdisc poster and the by-hand references (benches/contract_by_hand.c) release each WR once, in post
 #      order, and restore the posted chain (sqd_bench -o 1).
 #      First, benches/null_provider_check.c: the null provider itself behaves as
 #      documented (a post without a free SQ slot fails, a CQE frees the slots up to its WQE), so that a
@@ -125,8 +125,9 @@ check "null provider, batch 32: sqdisc with batched releases and NO_RESTORE $ql 
     "$(awk -v ql="$ql" -v qs="$qs" 'BEGIN { print (ql < qs ? 1 : 0) }')"
 # The per-WR release posters, sqdisc's and the reference that keeps its contract by hand
 # (benches/contract_by_hand.c, a row of the bench's report): each WR released once, in post order, and the chain
-# restored after each post (-o 1), at batch 1, 8 and 24 (an unsignaled tail after most posts).
-for p in sqdisc by-hand; do
+# restored after each post (-o 1), at batch 1, 8 and 24 (an unsignaled tail after most posts); the indexed
+# reference's batches each start at the index the callback expects.
+for p in sqdisc by-hand by-hand-indexed; do
     for b in 1 8 24; do
         ok=1
         "$bin/sqd_bench" "$p" -P null -b "$b" -s 1 -n "$N" -o 1 > /dev/null || ok=0
