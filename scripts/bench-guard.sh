@@ -131,7 +131,9 @@ for p in sqdisc by-hand by-hand-indexed; do
     for b in 1 8 24; do
         ok=1
         "$bin/sqd_bench" "$p" -P null -b "$b" -s 1 -n "$N" -o 1 > /dev/null || ok=0
-        check "null provider, batch $b: $p releases each WR once, in post order, and restores the posted chain" "$ok"
+        what="releases each WR once, in post order, and restores the posted chain"
+        [ "$p" = by-hand-indexed ] && what="releases each WR once, in post order (batches by index)"
+        check "null provider, batch $b: $p $what" "$ok"
     done
 done
 for p in sqdisc sqdisc-lean sqdisc-indexed; do
