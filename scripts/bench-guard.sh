@@ -17,7 +17,8 @@
 #      of which must also cost less than the poster without its option; the lean one must cost fewer
 #      instructions than the signal-every-WR raw verbs poster at batch 32, and the indexed one at batch 8 and 32.
 #      The sqdisc poster and the by-hand references (benches/contract_by_hand.c) release each WR once, in post
-#      order, and restore the posted chain (sqd_bench -o 1).
+#      order, and restore the posted chain (sqd_bench -o 1); benches/contract_by_hand_check.c: the reference's
+#      paths that the loop does not take (a bad WR, no free slot, an idle tail, an indexed queue).
 #      First, benches/null_provider_check.c: the null provider itself behaves as
 #      documented (a post without a free SQ slot fails, a CQE frees the slots up to its WQE), so that a
 #      moderation bug would show on it.
@@ -86,6 +87,9 @@ check "batch 32: sqdisc spends $own instructions per WR outside the software HCA
 ok=1
 msg=$("$bin/null_provider_check" 2>&1) || ok=0
 check "the null provider refuses a post without a free SQ slot and frees slots by CQE ($msg)" "$ok"
+ok=1
+msg=$("$bin/contract_by_hand_check" 2>&1) || ok=0
+check "the by-hand reference refuses bad WRs and posts without a slot, covers an idle tail, releases in order ($msg)" "$ok"
 for b in 1 8 32; do
     args=(-P null -b "$b" -s 1 -d 128)
     q=$(cg_per_wr "$NULL_N" -- sqdisc "${args[@]}")

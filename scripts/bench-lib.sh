@@ -2,8 +2,8 @@
 #
 # bench_init STAGE_DIR LIBDIR_IN_STAGE   sets $root, $out, $bin and builds, against the staged install and only
 #                                        through pkg-config (as a user would), build/bench/bin/sqd_bench (with
-#                                        the null provider, benches/null_provider.c), null_provider_check and
-#                                        alloc_count.so in build/bench/bin/
+#                                        the null provider, benches/null_provider.c), null_provider_check,
+#                                        contract_by_hand_check and alloc_count.so in build/bench/bin/
 # cg_total [valgrind options --] ARGS    instructions callgrind counts for one run of sqd_bench ARGS
 # per_wr FULL ZERO N                     (FULL - ZERO) / N with one decimal
 # kv KEY LINE                            the value of KEY=... in a key=value line
@@ -31,6 +31,8 @@ bench_init() {
         -o "$bin/sqd_bench" "${libs[@]}" -Wl,-rpath,"$lib"
     "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/null_provider_check.c" "$root/benches/null_provider.c" \
         -o "$bin/null_provider_check"
+    "$cc" "${strict[@]}" -O2 -g "${cflags[@]}" "$root/benches/contract_by_hand_check.c" "$root/benches/contract_by_hand.c" \
+        "$root/benches/null_provider.c" -o "$bin/contract_by_hand_check"
     "$cc" "${strict[@]}" -O2 -fPIC -shared "$root/benches/alloc_count.c" -o "$bin/alloc_count.so"
 }
 
