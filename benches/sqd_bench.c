@@ -70,7 +70,7 @@ static const char *const mode_names[] = {"raw-signal", "raw-moderated", "sqdisc"
                                          "memory",     "sqdisc-batch",  "sqdisc-lean", "sqdisc-indexed",
                                          "raw-lean",   "by-hand",       "by-hand-indexed"};
 
-/* The posters that run sqdisc_run. */
+/* The posters on sqdisc (managed_run with KIND_SQDISC). */
 static int is_sqdisc_poster(enum mode m)
 {
     return m == SQDISC || m == SQDISC_BATCH || m == SQDISC_LEAN || m == SQDISC_INDEXED;
@@ -528,33 +528,9 @@ static void sqdisc_poll(struct bench *b)
             DIE("completion status %d", b->wc[i].status);
 }
 
-/* `check` (a constant: -o 1 on a poster that restores) checks the chain after each post; the measured runs have
- * none of it. */
-__attribute__((always_inline)) static inline void sqdisc_run(struct bench *b, uint64_t wrs, const int check)
-{
-    uint64_t end = b->posted + wrs;
-    struct ibv_send_wr *bad;
-    while (b->posted < end) {
-        unsigned n = end - b->posted < b->batch ? (unsigned)(end - b->posted) : b->batch;
-        while (b->depth - (b->posted - b->completed) < n)
-            sqdisc_poll(b);
-        for (unsigned i = 0; i < n; i++) {
-            b->wr[i].wr_id = b->posted + i;
-            b->wr[i].send_flags = 0;
-            b->wr[i].next = i + 1 < n ? &b->wr[i + 1] : NULL;
-        }
-        if (sqd_post_send(b->q[0], b->wr, &bad))
-            DIE("sqd_post_send");
-        if (check)
-            check_restored(b, n);
-        b->posted += n;
-        sqdisc_poll(b);
-    }
-}
-
 /* ---- sqdisc's contract kept by hand --------------------------------------------------------------------- */
 
-/* sqdisc_poll and sqdisc_run on benches/contract_by_hand.c. */
+/* sqdisc_poll on benches/contract_by_hand.c. */
 static void by_hand_poll(struct bench *b)
 {
     int n = hand_cq_poll(b->hcq, WC_MAX, b->wc);
@@ -565,27 +541,43 @@ static void by_hand_poll(struct bench *b)
             DIE("completion status %d", b->wc[i].status);
 }
 
-/* `indexed` and `check` are constants, as in sqdisc_run. */
-__attribute__((always_inline)) static inline void by_hand_run(struct bench *b, uint64_t wrs, const int indexed,
+/* ---- the loop of the posters with a managed queue ------------------------------------------------------ */
+
+enum managed_kind { KIND_SQDISC, KIND_BY_HAND, KIND_BY_HAND_INDEXED };
+
+/* sqdisc's posters, or the by-hand reference's. `kind` and `check` (-o 1 on a poster that restores: the chain is
+ * checked after each post) are constants, so that each poster's loop is only its own: the measured runs have no
+ * check. */
+__attribute__((always_inline)) static inline void managed_run(struct bench *b, uint64_t wrs, const enum managed_kind kind,
                                                               const int check)
 {
     uint64_t end = b->posted + wrs;
     struct ibv_send_wr *bad;
     while (b->posted < end) {
         unsigned n = end - b->posted < b->batch ? (unsigned)(end - b->posted) : b->batch;
-        while (b->depth - (b->posted - b->completed) < n)
-            by_hand_poll(b);
+        while (b->depth - (b->posted - b->completed) < n) {
+            if (kind == KIND_SQDISC)
+                sqdisc_poll(b);
+            else
+                by_hand_poll(b);
+        }
         for (unsigned i = 0; i < n; i++) {
             b->wr[i].wr_id = b->posted + i;
             b->wr[i].send_flags = 0;
             b->wr[i].next = i + 1 < n ? &b->wr[i + 1] : NULL;
         }
-        if (indexed ? hand_post_send_indexed(b->hq, b->wr, &bad) : hand_post_send(b->hq, b->wr, &bad))
-            DIE("hand_post_send");
+        int rc = kind == KIND_SQDISC    ? sqd_post_send(b->q[0], b->wr, &bad)
+                 : kind == KIND_BY_HAND ? hand_post_send(b->hq, b->wr, &bad)
+                                        : hand_post_send_indexed(b->hq, b->wr, &bad);
+        if (rc)
+            DIE("post: %d", rc);
         if (check)
             check_restored(b, n);
         b->posted += n;
-        by_hand_poll(b);
+        if (kind == KIND_SQDISC)
+            sqdisc_poll(b);
+        else
+            by_hand_poll(b);
     }
 }
 
@@ -635,20 +627,20 @@ __attribute__((noinline)) void measured(struct bench *b, uint64_t wrs)
     case RAW_LEAN: raw_lean_run(b, wrs); break;
     case BY_HAND:
         if (b->check_order)
-            by_hand_run(b, wrs, 0, 1);
+            managed_run(b, wrs, KIND_BY_HAND, 1);
         else
-            by_hand_run(b, wrs, 0, 0);
+            managed_run(b, wrs, KIND_BY_HAND, 0);
         break;
-    case BY_HAND_INDEXED: by_hand_run(b, wrs, 1, 0); break;
+    case BY_HAND_INDEXED: managed_run(b, wrs, KIND_BY_HAND_INDEXED, 0); break;
     case SQDISC:
     case SQDISC_BATCH:
         if (b->check_order)
-            sqdisc_run(b, wrs, 1);
+            managed_run(b, wrs, KIND_SQDISC, 1);
         else
-            sqdisc_run(b, wrs, 0);
+            managed_run(b, wrs, KIND_SQDISC, 0);
         break;
     case SQDISC_LEAN:
-    case SQDISC_INDEXED: sqdisc_run(b, wrs, 0); break;
+    case SQDISC_INDEXED: managed_run(b, wrs, KIND_SQDISC, 0); break;
     case SCALE: scale_run(b, wrs); break;
     case MEMORY: break;
     }
