@@ -54,7 +54,8 @@ struct hand_cq {
 
 /* The work-completion opcode of each plain send opcode (ibv_wr_opcode below 16), NOT_PLAIN for the rest. */
 static uint8_t plain_wc_opcode[16];
-/* Most WRs of one post call the policy signals (the restore's list). */
+/* The WRs of one post call the policy signals that the restore's list holds; a call with more (a chain of over
+ * 8 intervals) restores every WR's flags from its slot. */
 #define MAX_ADDED 8
 
 static void init_table(void)
@@ -262,7 +263,7 @@ __attribute__((always_inline)) static inline int post_send(struct hand_queue *q,
              * credit. */
             const unsigned flags = (unsigned)(pair >> 32);
             if (token == end || (pair >> 32 & ~(uint64_t)PLAIN_FLAGS) || (uint32_t)pair > 15 ||
-                (uint32_t)w->num_sge >= (uint32_t)entry || !w->sg_list || nadded == MAX_ADDED) {
+                (uint32_t)w->num_sge >= (uint32_t)entry || !w->sg_list) {
                 q->run = (uint32_t)(token + interval - 1 - interval_end);
                 return post_stopped(q, wr, last, token - first, w, token == end, bad);
             }
@@ -273,7 +274,9 @@ __attribute__((always_inline)) static inline int post_send(struct hand_queue *q,
             } else {
                 sl->meta = (uint32_t)(entry >> 32) | ADDED_SIGNAL;
                 w->send_flags = flags | IBV_SEND_SIGNALED;
-                added[nadded++] = w;
+                if (nadded < MAX_ADDED)
+                    added[nadded] = w;
+                nadded++;
             }
             interval_end = token + interval;
             next_signal = interval_end < end - 1 ? interval_end : end - 1;
@@ -302,8 +305,10 @@ __attribute__((always_inline)) static inline int post_send(struct hand_queue *q,
         q->run = run;
         return refused(q, wr, n, pbad, rc, bad);
     }
-    if (keep)
+    if (keep && nadded <= MAX_ADDED)
         restore(ring, ring_end, ring + (head & q->mask), wr, n, added, nadded);
+    else if (keep)
+        restore_slow(q, wr, head, n);
     q->head = head + n;
     q->run = run;
     q->stats.accepted += n;

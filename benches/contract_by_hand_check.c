@@ -23,6 +23,7 @@
 
 #define DEPTH 8
 #define INTERVAL 4
+#define LONG 64 /* 16 intervals in one post */
 
 static uint64_t released, next_index;
 
@@ -105,6 +106,21 @@ int main(void)
     hand_queue_stats(q, &st);
     CHECK(st.accepted == 5 + DEPTH && st.released == st.accepted);
 
+    /* A chain of more intervals than the restore's list holds: every WR's flags put back all the same. */
+    struct ibv_qp_init_attr deep = attr;
+    deep.cap.max_send_wr = LONG;
+    struct ibv_qp *qp3 = null_create_qp(dev, &deep);
+    CHECK(qp3);
+    struct hand_queue *ql = hand_queue_new(hcq, qp3, LONG, 1, INTERVAL, on_release, NULL);
+    CHECK(ql);
+    static struct ibv_send_wr long_chain[LONG];
+    released = 0;
+    chain(long_chain, LONG, 100);
+    CHECK(hand_post_send(ql, long_chain, &bad) == 0);
+    for (unsigned i = 0; i < LONG; i++)
+        CHECK(long_chain[i].send_flags == 0 && long_chain[i].wr_id == 100 + i);
+    CHECK(poll_all(hcq, wc) == 0 && released == LONG);
+
     /* An indexed queue on the same CQ: batches from index 0 on, across a covered tail. */
     struct hand_queue *qi = hand_queue_new_indexed(hcq, qp2, DEPTH, 1, INTERVAL, on_batch, NULL);
     CHECK(qi);
@@ -119,9 +135,11 @@ int main(void)
     CHECK(st.accepted == 15 && st.released == 15 && next_index == 15);
 
     hand_queue_free(q);
+    hand_queue_free(ql);
     hand_queue_free(qi);
     hand_cq_free(hcq);
-    CHECK(null_destroy_qp(qp) == 0 && null_destroy_qp(qp2) == 0 && null_destroy_cq(cq) == 0);
+    CHECK(null_destroy_qp(qp) == 0 && null_destroy_qp(qp2) == 0 && null_destroy_qp(qp3) == 0 &&
+          null_destroy_cq(cq) == 0);
     CHECK(null_device_free(dev) == 0);
     printf("by-hand reference: ok\n");
     return 0;
