@@ -8,8 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A token: the queue's index from bit INDEX_SHIFT, the WR's sequence number modulo 2^SEQ_BITS below. The bit
+ * between them takes the carry of a post's tokens counted past the field's end, which no reader looks at, so
+ * that the walk counts tokens without a test for the wrap. */
 #define SEQ_BITS 48
 #define SEQ_MASK ((UINT64_C(1) << SEQ_BITS) - 1)
+#define INDEX_SHIFT (SEQ_BITS + 1)
 
 /* A slot's meta: the work completion's opcode in the low byte, then these. */
 enum { ULP_SIGNALED = 1u << 8, ADDED_SIGNAL = 1u << 9, INTERNAL = 1u << 10 };
@@ -117,7 +121,7 @@ struct hand_queue *hand_queue_new(struct hand_cq *c, struct ibv_qp *qp, uint32_t
     q->index = c->size;
     q->mask = sq_depth - 1;
     q->depth = sq_depth;
-    q->token_base = (uint64_t)q->index << SEQ_BITS;
+    q->token_base = (uint64_t)q->index << INDEX_SHIFT;
     q->interval = interval;
     for (unsigned op = 0; op < 16; op++)
         q->quiet[op] = plain_wc_opcode[op] == NOT_PLAIN ? 0 : (uint64_t)(max_send_sge + 1) | (uint64_t)plain_wc_opcode[op] << 32;
@@ -137,6 +141,12 @@ struct hand_queue *hand_queue_new_indexed(struct hand_cq *c, struct ibv_qp *qp, 
     if (q)
         q->batch = batch;
     return q;
+}
+
+void hand_queue_start_at(struct hand_queue *q, uint64_t seq)
+{
+    if (q && q->head == 0)
+        q->head = q->done = q->tail = seq;
 }
 
 void hand_queue_free(struct hand_queue *q)
@@ -239,10 +249,7 @@ __attribute__((always_inline)) static inline int post_send(struct hand_queue *q,
     struct slot *const ring = q->ring, *const ring_end = q->ring + q->depth;
     const uint64_t head = q->head, interval = q->interval;
     const uint64_t *const table = q->quiet;
-    /* Tokens are counted in the walk: a call whose tokens could carry out of the sequence field takes the
-     * slow path (once in 2^48 WRs). */
-    if ((head & SEQ_MASK) + q->depth > SEQ_MASK)
-        return post_stopped(q, wr, wr, 0, wr, 1, bad);
+    /* Tokens are counted in the walk; one past the sequence field's end carries into the bit above it. */
     const uint64_t first = q->token_base | (head & SEQ_MASK);
     /* The token one past the last free slot's; the interval's last WR's (`interval` after the last signaled
      * WR's); the WR the policy signals next: that one, or the one that takes the last free slot. */
@@ -500,7 +507,7 @@ int hand_cq_poll(struct hand_cq *c, int num_entries, struct ibv_wc *wc)
     int kept = 0;
     for (int i = 0; i < n; i++) {
         const uint64_t token = wc[i].wr_id;
-        const uint64_t index = token >> SEQ_BITS;
+        const uint64_t index = token >> INDEX_SHIFT;
         struct hand_queue *q = index < c->size ? c->table[index] : NULL;
         if (!q || q->qp_num != wc[i].qp_num) {
             c->strays++;

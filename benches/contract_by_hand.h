@@ -50,6 +50,9 @@ struct hand_queue *hand_queue_new(struct hand_cq *cq, struct ibv_qp *qp, uint32_
 struct hand_queue *hand_queue_new_indexed(struct hand_cq *cq, struct ibv_qp *qp, uint32_t sq_depth,
                                           uint32_t max_send_sge, uint32_t interval,
                                           void (*batch)(void *, const struct sqd_release_batch *), void *ctx);
+/* For the reference's own check: a queue with nothing posted yet numbers its WRs from `seq` on (to post across
+ * the end of the tokens' sequence field). */
+void hand_queue_start_at(struct hand_queue *q, uint64_t seq);
 void hand_queue_free(struct hand_queue *q);
 
 int hand_post_send(struct hand_queue *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);

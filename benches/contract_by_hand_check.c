@@ -1,9 +1,9 @@
 /* contract_by_hand_check: the by-hand reference (benches/contract_by_hand.c) keeps what its header says on the
  * null provider, paths the benchmark's loop never takes included: a bad WR refused with the WRs before it
  * posted and the chain put back, a post with no free slot refused, a WR the ULP signals returned by the poll
- * with its wr_id, an idle unsignaled tail covered, every WR released once and in order, an indexed queue's
- * batches by index. Run by `make bench-guard`. Prints "by-hand reference: ok" or exits non-zero naming the first
- * check that failed. */
+ * with its wr_id, an idle unsignaled tail covered, every WR released once and in order, chains posted across
+ * the end of the tokens' sequence field, an indexed queue's batches by index. Run by `make bench-guard`. Prints
+ * "by-hand reference: ok" or exits non-zero naming the first check that failed. */
 
 #include "contract_by_hand.h"
 #include "null_provider.h"
@@ -121,6 +121,18 @@ int main(void)
         CHECK(long_chain[i].send_flags == 0 && long_chain[i].wr_id == 100 + i);
     CHECK(poll_all(hcq, wc) == 0 && released == LONG);
 
+    /* Chains posted across the end of the tokens' sequence field: found and released as any others. */
+    struct ibv_qp *qp4 = null_create_qp(dev, &attr);
+    struct hand_queue *qw = hand_queue_new(hcq, qp4, DEPTH, 1, INTERVAL, on_release, NULL);
+    CHECK(qp4 && qw);
+    hand_queue_start_at(qw, (UINT64_C(1) << 48) - 3);
+    released = 0;
+    for (unsigned round = 0; round < 3; round++) {
+        chain(wr, INTERVAL, 100 + round * INTERVAL);
+        CHECK(hand_post_send(qw, wr, &bad) == 0);
+        CHECK(poll_all(hcq, wc) == 0 && released == (round + 1) * INTERVAL);
+    }
+
     /* An indexed queue on the same CQ: batches from index 0 on, across a covered tail. */
     struct hand_queue *qi = hand_queue_new_indexed(hcq, qp2, DEPTH, 1, INTERVAL, on_batch, NULL);
     CHECK(qi);
@@ -135,11 +147,12 @@ int main(void)
     CHECK(st.accepted == 15 && st.released == 15 && next_index == 15);
 
     hand_queue_free(q);
+    hand_queue_free(qw);
     hand_queue_free(ql);
     hand_queue_free(qi);
     hand_cq_free(hcq);
     CHECK(null_destroy_qp(qp) == 0 && null_destroy_qp(qp2) == 0 && null_destroy_qp(qp3) == 0 &&
-          null_destroy_cq(cq) == 0);
+          null_destroy_qp(qp4) == 0 && null_destroy_cq(cq) == 0);
     CHECK(null_device_free(dev) == 0);
     printf("by-hand reference: ok\n");
     return 0;
