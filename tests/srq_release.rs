@@ -7,9 +7,9 @@ mod sim_support;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_srq_init_attr};
+use rdma_sys::{ibv_qp, ibv_srq_init_attr};
 use sim_support::*;
-use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
+use sqdisc::verbs::{CqHandle, QpHandle, SrqHandle};
 use sqdisc::{Completion, Cq, Queue, QueueConfig, ReleaseHandler, Srq};
 use sqdisc_sim::{SimConfig, SimConnAttr, SimDevice};
 
@@ -99,23 +99,9 @@ impl Srqs {
 }
 
 fn post_srq_recvs(srq: &Srq, ids: std::ops::Range<u64>, addr: u64, lkey: u32) {
-    let mut sges: Vec<rdma_sys::ibv_sge> = ids.clone().map(|_| rdma_sys::ibv_sge { addr, length: 64, lkey }).collect();
-    // SAFETY: all-zero is a valid `ibv_recv_wr`.
-    let mut wrs: Vec<ibv_recv_wr> = ids.clone().map(|_| unsafe { std::mem::zeroed() }).collect();
-    let n = wrs.len();
-    let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
-    for (i, id) in ids.enumerate() {
-        // SAFETY: `i < n`; both pointers cover `n` elements; no reference into the vectors is live.
-        unsafe {
-            let w = base.add(i);
-            (*w).wr_id = id;
-            (*w).num_sge = 1;
-            (*w).sg_list = sge_base.add(i);
-            (*w).next = if i + 1 < n { base.add(i + 1) } else { std::ptr::null_mut() };
-        }
-    }
-    // SAFETY: the chain lives here for the whole call.
-    srq.post_recv(unsafe { RecvChain::from_raw(base) }).map_err(|e| e.error.errno()).unwrap();
+    let ids: Vec<u64> = ids.collect();
+    let sges: Vec<(u64, u32, u32)> = ids.iter().map(|_| (addr, 64, lkey)).collect();
+    post_recv_chain(&ids, &sges, |c| srq.post_recv(c).map_err(|e| (e.error.errno(), e.bad.as_ptr()))).unwrap();
 }
 
 /// One poll of a managed CQ: the wr_ids shown, every one a success.

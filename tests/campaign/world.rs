@@ -12,16 +12,16 @@ use std::pin::Pin;
 use std::ptr;
 use std::rc::Rc;
 
-use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_event_type as ev, ibv_mr, ibv_qp, ibv_recv_wr, ibv_sge, ibv_srq, ibv_srq_init_attr, ibv_wc};
+use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_event_type as ev, ibv_mr, ibv_qp, ibv_srq, ibv_srq_init_attr, ibv_wc};
 use sqdisc::discipline::budget::{reservation, send_reservation};
 use sqdisc_sim::*;
 use std::result::Result;
 use sqdisc::verbs::control::Teardown;
-use sqdisc::verbs::{CqHandle, QpHandle, RecvChain, SrqHandle};
+use sqdisc::verbs::{CqHandle, QpHandle, SrqHandle};
 use sqdisc::{Completion, Cq, Deferred, InvalidateMode, Queue, QueueConfig, ReleaseHandler, Srq};
 
 use super::ops::*;
-use crate::sim_support::{self, op, st, Buf, W, ACCESS_ALL, FENCE, INLINE, SIGNALED};
+use crate::sim_support::{self, op, post_recv_chain, st, Buf, W, ACCESS_ALL, FENCE, INLINE, SIGNALED};
 
 const OK: u32 = st::IBV_WC_SUCCESS;
 const FLUSH: u32 = st::IBV_WC_WR_FLUSH_ERR;
@@ -1406,33 +1406,4 @@ fn read_at(addr: u64, n: usize) -> Vec<u8> {
 fn is_subsequence<T: PartialEq>(small: &[T], big: &[T]) -> bool {
     let mut it = big.iter();
     small.iter().all(|x| it.any(|y| y == x))
-}
-
-/// Posts receives `ids` with one SGE each as one chain through `post`; `Err((errno, receives taken))`.
-fn post_recv_chain(
-    ids: &[u64],
-    sges: &[(u64, u32, u32)],
-    post: impl FnOnce(RecvChain<'_>) -> Result<(), (i32, *mut ibv_recv_wr)>,
-) -> Result<(), (i32, usize)> {
-    let mut list: Vec<ibv_sge> = sges.iter().map(|&(addr, length, lkey)| ibv_sge { addr, length, lkey }).collect();
-    // SAFETY: all-zero is a valid `ibv_recv_wr`.
-    let mut wrs: Vec<ibv_recv_wr> = ids.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
-    let n = wrs.len();
-    if n == 0 {
-        return Ok(());
-    }
-    let (base, sge_base) = (wrs.as_mut_ptr(), list.as_mut_ptr());
-    for (k, &id) in ids.iter().enumerate() {
-        // SAFETY: `k < n`; both pointers cover `n` elements; no reference into the vectors is live.
-        unsafe {
-            let w = base.add(k);
-            (*w).wr_id = id;
-            (*w).num_sge = 1;
-            (*w).sg_list = sge_base.add(k);
-            (*w).next = if k + 1 < n { base.add(k + 1) } else { ptr::null_mut() };
-        }
-    }
-    // SAFETY: the chain lives here for the whole call.
-    let r = post(unsafe { RecvChain::from_raw(base) });
-    r.map_err(|(e, bad)| (e, (0..n).find(|&k| ptr::eq(base.wrapping_add(k), bad)).unwrap_or(n)))
 }

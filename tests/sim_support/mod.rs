@@ -281,3 +281,33 @@ pub fn qpoll(cq: &sqdisc::Cq) -> Vec<Wc> {
         })
         .collect()
 }
+
+/// Posts receives `ids` with one SGE each (`sges`, in order) as one chain through `post` (a managed queue's or
+/// SRQ's `post_recv`); `Err((errno, receives taken))`.
+pub fn post_recv_chain(
+    ids: &[u64],
+    sges: &[(u64, u32, u32)],
+    post: impl FnOnce(sqdisc::verbs::RecvChain<'_>) -> Result<(), (i32, *mut ibv_recv_wr)>,
+) -> Result<(), (i32, usize)> {
+    let mut list: Vec<ibv_sge> = sges.iter().map(|&(addr, length, lkey)| ibv_sge { addr, length, lkey }).collect();
+    // SAFETY: all-zero is a valid `ibv_recv_wr`.
+    let mut wrs: Vec<ibv_recv_wr> = ids.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
+    let n = wrs.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (base, sge_base) = (wrs.as_mut_ptr(), list.as_mut_ptr());
+    for (k, &id) in ids.iter().enumerate() {
+        // SAFETY: `k < n`; both pointers cover `n` elements; no reference into the vectors is live.
+        unsafe {
+            let w = base.add(k);
+            (*w).wr_id = id;
+            (*w).num_sge = 1;
+            (*w).sg_list = sge_base.add(k);
+            (*w).next = if k + 1 < n { base.add(k + 1) } else { ptr::null_mut() };
+        }
+    }
+    // SAFETY: the chain lives here for the whole call.
+    let r = post(unsafe { sqdisc::verbs::RecvChain::from_raw(base) });
+    r.map_err(|(e, bad)| (e, (0..n).find(|&k| ptr::eq(base.wrapping_add(k), bad)).unwrap_or(n)))
+}
