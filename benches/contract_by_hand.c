@@ -53,7 +53,6 @@ struct hand_cq {
     uint32_t size, nwatch;
     uint32_t posted_watched; /* watched queues posted to in this poll cycle */
     uint64_t cycle;
-    uint64_t strays; /* CQEs that named no queue's posted WR */
 };
 
 /* The work-completion opcode of each plain send opcode (ibv_wr_opcode below 16), NOT_PLAIN for the rest. */
@@ -509,15 +508,12 @@ int hand_cq_poll(struct hand_cq *c, int num_entries, struct ibv_wc *wc)
         const uint64_t token = wc[i].wr_id;
         const uint64_t index = token >> INDEX_SHIFT;
         struct hand_queue *q = index < c->size ? c->table[index] : NULL;
-        if (!q || q->qp_num != wc[i].qp_num) {
-            c->strays++;
+        /* A CQE that names no queue's posted WR: dropped. */
+        if (!q || q->qp_num != wc[i].qp_num)
             continue;
-        }
         const uint64_t seq = q->done + ((token - q->done) & SEQ_MASK);
-        if (seq >= q->head) {
-            c->strays++;
+        if (seq >= q->head)
             continue;
-        }
         const struct slot *sl = &q->ring[seq & q->mask];
         q->stats.cqes++;
         q->done = seq + 1;

@@ -15,7 +15,7 @@
  *     kept in a ring slot; the chain restored as the ULP built it once the provider took it (wr_ids, flags);
  *     one provider call per post call;
  *   - a CQE found by its token: the queue's table entry, its QP number, the sequence number within the WRs
- *     posted and not completed (anything else is counted, not acted on); only the ULP's signaled WRs' CQEs are
+ *     posted and not completed (anything else is dropped); only the ULP's signaled WRs' CQEs are
  *     returned by the poll, with the ULP's wr_id;
  *   - one release callback per WR, in post order, exactly once, with its wr_id, status and opcode; the release
  *     point moved before each callback, so that a callback may post into the slot its WR freed;
